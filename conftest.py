@@ -1,0 +1,1 @@
+"""Repository-wide test configuration: the suite tests the plugin through pytester."""

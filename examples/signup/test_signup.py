@@ -1,0 +1,50 @@
+"""The example sign-up suite: `make demo` runs it under `pytest -n auto` and prints its receipts."""
+
+from __future__ import annotations
+
+import pytest
+from app import SignupApp
+
+from pytest_mailbox import Mailbox
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=120, lease=30)
+def test_verify_with_link(app: SignupApp, isolated_mailbox: Mailbox) -> None:
+    isolated_mailbox.checkpoint()
+    app.signup(isolated_mailbox.address, run_id=isolated_mailbox.run_id)
+    msg = isolated_mailbox.wait_for(subject_contains="Verify", timeout=10)
+    assert app.verify_link(msg.link(domain="app.example.test"))
+    msg.ack()
+    assert isolated_mailbox.address in app.verified
+
+
+@pytest.mark.email_contract(purpose="signup")
+def test_verify_with_code(app: SignupApp, isolated_mailbox: Mailbox) -> None:
+    app.signup(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(sender="noreply@app.example.test")
+    assert app.verify_code(isolated_mailbox.address, msg.code())
+
+
+@pytest.mark.email_contract(purpose="resend")
+def test_resend_reads_only_the_new_mail(app: SignupApp, isolated_mailbox: Mailbox) -> None:
+    app.signup(isolated_mailbox.address)
+    first = isolated_mailbox.wait_for(subject_contains="Verify")
+    first.ack()
+    isolated_mailbox.checkpoint()
+    app.signup(isolated_mailbox.address)  # "resend": a new token replaces the old one
+    second = isolated_mailbox.wait_for(subject_contains="Verify")
+    assert second.message_id != first.message_id
+    assert not app.verify_link(first.link())
+    assert app.verify_link(second.link())
+
+
+def test_no_mail_without_signup(app: SignupApp, isolated_mailbox: Mailbox) -> None:
+    isolated_mailbox.expect_none(within=0.2)
+    assert isolated_mailbox.address not in app.verified
+
+
+@pytest.mark.parametrize("user", range(6))
+def test_many_users_in_parallel(app: SignupApp, isolated_mailbox: Mailbox, user: int) -> None:
+    app.signup(isolated_mailbox.address, run_id=isolated_mailbox.run_id)
+    msg = isolated_mailbox.wait_for(header=("X-Run-Id", isolated_mailbox.run_id))
+    assert app.verify_code(isolated_mailbox.address, msg.code())

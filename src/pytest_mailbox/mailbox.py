@@ -1,0 +1,519 @@
+"""``Mailbox``: what a test holds. It waits for its own message, claims it, acks it."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from pytest_mailbox.contract import (
+    SELECTOR_FIELDS,
+    Checkpoint,
+    CloseReason,
+    EmailContract,
+    MessageReceipt,
+    Receipt,
+    ReceiptEvent,
+    SecretDigest,
+    Selector,
+    Status,
+    describe_validation_error,
+    utc,
+)
+from pytest_mailbox.errors import (
+    AlreadyClaimed,
+    AlreadyConsumed,
+    AmbiguousMatch,
+    ContractError,
+    FenceMismatch,
+    LeaseExpired,
+    MailboxClosed,
+    MailboxError,
+    UnexpectedMessage,
+    WaitTimeout,
+)
+from pytest_mailbox.message import Message, digest
+from pytest_mailbox.sink import Signal, normalize_domain
+from pytest_mailbox.store import MailboxRow, MessageRow, Outcome, Store
+
+__all__ = ["ClaimedMessage", "Mailbox", "mask_secrets", "new_run_id"]
+
+#: How often a waiter looks at the store for mail that another process's sink took.
+POLL_INTERVAL = 0.01
+
+_EXCEPTIONS: dict[Status, type[MailboxError]] = {
+    Status.ALREADY_CLAIMED: AlreadyClaimed,
+    Status.ALREADY_CONSUMED: AlreadyConsumed,
+    Status.FENCE_MISMATCH: FenceMismatch,
+    Status.LEASE_EXPIRED: LeaseExpired,
+}
+_DIGITS = re.compile(r"\d{4,}")
+
+
+def new_run_id() -> str:
+    """A run id unique across workers, reruns and pytest runs."""
+    return f"r-{secrets.token_hex(8)}"
+
+
+def mask_secrets(text: str, digests: set[str] | None = None) -> str:
+    """Mask runs of 4+ digits and any word whose sha256 is a recorded secret: ``••••56``."""
+
+    def mask(word: str) -> str:
+        return "\u2022" * max(len(word) - 2, 2) + word[-2:]
+
+    text = _DIGITS.sub(lambda m: mask(m.group()), text)
+    if digests:
+        text = re.sub(
+            r"[\w\-.~%]{6,}",
+            lambda m: mask(m.group()) if digest(m.group())[0] in digests else m.group(),
+            text,
+        )
+    return text
+
+
+def _raise_for(outcome: Outcome, what: str) -> Outcome:
+    """Return a successful outcome; raise the typed exception of a failed one."""
+    if outcome.status in (Status.CLAIMED, Status.CONSUMED, Status.WAITING, Status.RELEASED):
+        return outcome
+    detail = f": {outcome.detail}" if outcome.detail else ""
+    message = f"{what}: {outcome.status.value}{detail}"
+    if outcome.status in (Status.RELEASED, Status.EXPIRED):
+        raise MailboxClosed(message, status=outcome.status, result=outcome.as_dict())
+    error = _EXCEPTIONS.get(outcome.status)
+    if error is None:
+        raise MailboxClosed(message, status=outcome.status, result=outcome.as_dict())
+    raise error(message, result=outcome.as_dict())
+
+
+class ClaimedMessage(Message):
+    """A message this run holds under a lease: ``ack()`` consumes it, ``release()`` returns it."""
+
+    def __init__(self, raw: bytes, row: MessageRow, mailbox: Mailbox, outcome: Outcome) -> None:
+        super().__init__(
+            raw,
+            message_id=row.message_id,
+            envelope_from=row.mail_from,
+            envelope_to=row.rcpt,
+            received_at=utc(row.received_at),
+            seq=row.seq,
+            on_secret=mailbox._record_secret(row.message_id),
+        )
+        self.mailbox = mailbox
+        self.fence: int = outcome.fence or 0
+        self.lease_until: datetime | None = (
+            utc(outcome.lease_until) if outcome.lease_until is not None else None
+        )
+
+    def link(self, domain: str | None = None) -> str:
+        allowed = self.mailbox.contract.link_domains
+        if allowed and (domain is None or normalize_domain(domain) not in allowed):
+            msg = (
+                f"link domain {domain!r} is not allowed by email_contract "
+                f"link_domains={list(allowed)}; pass one of them as domain="
+            )
+            raise ContractError(msg)
+        return super().link(domain)
+
+    def ack(self) -> None:
+        """Consume the message: refused if the lease expired or a newer holder exists."""
+        self.mailbox.ack(self.message_id, self.fence)
+
+    def release(self) -> None:
+        """Give the message back unconsumed, so it can be claimed again."""
+        self.mailbox.release_claim(self.message_id, self.fence)
+
+    def renew(self, lease: float | None = None) -> None:
+        """Extend the lease under the same fence."""
+        outcome = self.mailbox.renew(self.message_id, self.fence, lease)
+        if outcome.lease_until is not None:
+            self.lease_until = utc(outcome.lease_until)
+
+
+class Mailbox:
+    """One reserved alias for one run, under one contract."""
+
+    def __init__(
+        self,
+        store: Store,
+        row: MailboxRow,
+        *,
+        contract: EmailContract,
+        signal: Signal | None = None,
+        nodeid: str = "",
+    ) -> None:
+        self.store = store
+        self.contract = contract
+        self.nodeid = nodeid
+        self._row = row
+        self._signal = signal or Signal()
+        self._since: Checkpoint | None = None
+        self._parsed: dict[int, Message] = {}
+        self._waited = False
+
+    @classmethod
+    def reserve(
+        cls,
+        store: Store,
+        *,
+        contract: EmailContract,
+        domain: str,
+        run_id: str | None = None,
+        nodeid: str = "",
+        signal: Signal | None = None,
+    ) -> Mailbox:
+        """Reserve (or, for the same run and purpose, find again) a mailbox."""
+        row, _ = store.reserve(
+            run_id=run_id or new_run_id(),
+            purpose=contract.purpose,
+            ttl=contract.ttl,
+            domain=normalize_domain(domain),
+            owner=nodeid,
+        )
+        return cls(store, row, contract=contract, signal=signal, nodeid=nodeid)
+
+    # -- identity ----------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return self._row.address
+
+    @property
+    def alias(self) -> str:
+        return self._row.alias
+
+    @property
+    def domain(self) -> str:
+        return self._row.domain
+
+    @property
+    def run_id(self) -> str:
+        return self._row.run_id
+
+    @property
+    def mailbox_id(self) -> str:
+        return self._row.mailbox_id
+
+    @property
+    def purpose(self) -> str:
+        return self._row.purpose
+
+    @property
+    def fence(self) -> int:
+        return self._row.fence
+
+    @property
+    def expires_at(self) -> datetime:
+        return utc(self._row.expires_at)
+
+    @property
+    def state(self) -> str:
+        """The reservation's state now: reserved, waiting, claimed, consumed, released, expired."""
+        row = self.store.mailbox(self.mailbox_id)
+        return row.state if row is not None else Status.EXPIRED.value
+
+    def __repr__(self) -> str:
+        return f"<Mailbox {self.address} run={self.run_id} id={self.mailbox_id}>"
+
+    # -- waiting -----------------------------------------------------------------------
+
+    def checkpoint(self) -> Checkpoint:
+        """Mark now: later waits only consider messages committed after this point."""
+        self._since = self.store.checkpoint()
+        return self._since
+
+    def wait_for(
+        self,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        **selector: Any,
+    ) -> ClaimedMessage:
+        """Wait for exactly one matching message and claim it under the contract's lease."""
+        chosen = self._selector(selector)
+        limit = self.contract.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        self._mark_waiting(chosen)
+        while True:
+            generation, version = self._signal.generation, self.store.data_version()
+            matches, misses = self._scan(chosen)
+            if len(matches) > 1:
+                listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
+                msg = (
+                    f"{len(matches)} messages for {self.address} match {chosen.describe()}: "
+                    f"{listed}; make the selector stricter (subject=, header=, received_after=)"
+                )
+                raise AmbiguousMatch(msg, result={"message_ids": [m.message_id for m in matches]})
+            if matches:
+                outcome = self._claim(matches[0], lease)
+                if outcome.status is Status.CLAIMED:
+                    return ClaimedMessage(
+                        self.store.raw(matches[0].body_id), matches[0], self, outcome
+                    )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(self._timeout_text(chosen, limit, misses))
+            self._sleep(generation, version, remaining)
+
+    def expect_none(self, *, within: float, **selector: Any) -> None:
+        """Pass only if no matching message arrives within ``within`` seconds (a real wait)."""
+        chosen = self._selector(selector)
+        deadline = time.monotonic() + within
+        while True:
+            generation, version = self._signal.generation, self.store.data_version()
+            matches, _ = self._scan(chosen, include_taken=True)
+            if matches:
+                first = matches[0]
+                msg = (
+                    f"expected no message for {self.address} matching {chosen.describe()} "
+                    f"within {within:g}s, but {first.message_id} ({self._subject(first)!r}) arrived"
+                )
+                raise UnexpectedMessage(msg, result={"message_id": first.message_id})
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._sleep(generation, version, remaining)
+
+    def _sleep(self, generation: int, version: int, remaining: float) -> None:
+        """Sleep until this process's sink commits, another process commits, or time is up."""
+        deadline = time.monotonic() + remaining
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._signal.wait(generation, min(POLL_INTERVAL, left)) != generation:
+                return
+            if self.store.data_version() != version:
+                return
+
+    def _selector(self, given: dict[str, Any]) -> Selector:
+        try:
+            return Selector(**given)
+        except ValidationError as exc:
+            raise ContractError(
+                describe_validation_error("selector", exc, SELECTOR_FIELDS)
+            ) from None
+
+    def _mark_waiting(self, selector: Selector) -> None:
+        self._ensure_open()
+        if not self._waited:
+            self._waited = True
+            self.store.mark(self.mailbox_id, self.fence, Status.WAITING, selector.describe())
+
+    def _ensure_open(self) -> None:
+        row = self.store.mailbox(self.mailbox_id)
+        if row is None or not row.active or row.fence != self.fence:
+            state = Status(row.state) if row is not None and not row.active else Status.EXPIRED
+            if row is not None and row.active:
+                state = Status.FENCE_MISMATCH
+            msg = f"mailbox {self.address} is {state.value}; reserve a new one to go on"
+            raise MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
+
+    # -- matching ----------------------------------------------------------------------
+
+    def _parsed_message(self, row: MessageRow) -> Message:
+        parsed = self._parsed.get(row.body_id)
+        if parsed is None:
+            parsed = Message(self.store.raw(row.body_id), message_id=row.message_id)
+            self._parsed[row.body_id] = parsed
+        return parsed
+
+    def _subject(self, row: MessageRow) -> str:
+        return mask_secrets(row.subject)
+
+    def _scan(
+        self, selector: Selector, *, include_taken: bool = False
+    ) -> tuple[list[MessageRow], list[tuple[MessageRow, str]]]:
+        """(candidates, near misses with one reason each) among this mailbox's mail."""
+        self._ensure_open()
+        now = self.store.clock()
+        matches: list[MessageRow] = []
+        misses: list[tuple[MessageRow, str]] = []
+        for row in self.store.messages(self.mailbox_id):
+            reason = self._reject(row, selector, now, include_taken)
+            if reason is None:
+                matches.append(row)
+            else:
+                misses.append((row, reason))
+        return matches, misses
+
+    def _reject(
+        self, row: MessageRow, selector: Selector, now: float, include_taken: bool
+    ) -> str | None:
+        after = selector.received_after if selector.received_after is not None else self._since
+        if isinstance(after, Checkpoint) and row.seq <= after.seq:
+            return "received before received_after"
+        if isinstance(after, datetime) and row.received_at < after.timestamp():
+            return "received before received_after"
+        if isinstance(after, float | int) and row.received_at < after:
+            return "received before received_after"
+        if row.run_header and row.run_header != self.run_id:
+            return f"{self.contract.run_header} belongs to run {row.run_header}"
+        if not include_taken:
+            if row.state == Status.CONSUMED.value:
+                return f"already consumed (fence {row.fence})"
+            if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
+                return f"already claimed by run {row.holder} (fence {row.fence})"
+        return self._content_reason(row, selector)
+
+    def _content_reason(self, row: MessageRow, selector: Selector) -> str | None:
+        subject = row.subject
+        if selector.subject is not None and subject != selector.subject:
+            return f"subject is not {selector.subject!r}"
+        if selector.subject_contains is not None and selector.subject_contains not in subject:
+            return f"subject does not contain {selector.subject_contains!r}"
+        if selector.subject_regex is not None and not re.search(selector.subject_regex, subject):
+            return f"subject does not match /{selector.subject_regex}/"
+        if selector.sender is not None:
+            wanted = selector.sender.lower()
+            parsed = self._parsed_message(row)
+            if wanted not in (parsed.sender.lower(), row.mail_from.lower()):
+                return f"sender {parsed.sender or row.mail_from} is not {selector.sender}"
+        if selector.header is not None:
+            name, value = selector.header
+            found = self._parsed_message(row).header(name)
+            if found is None:
+                return f"has no {name} header"
+            if found.strip() != value:
+                return f"header {name} is not {value!r}"
+        if selector.body_contains is not None or selector.body_regex is not None:
+            body = self._parsed_message(row).body_text
+            html = self._parsed_message(row).html
+            if selector.body_contains is not None and not (
+                selector.body_contains in body or selector.body_contains in html
+            ):
+                return f"body does not contain {selector.body_contains!r}"
+            if selector.body_regex is not None and not re.search(selector.body_regex, body):
+                return f"body does not match /{selector.body_regex}/"
+        return None
+
+    def _timeout_text(
+        self, selector: Selector, limit: float, misses: list[tuple[MessageRow, str]]
+    ) -> str:
+        lines = [
+            f"no message for {self.address} matched {selector.describe()} within {limit:g}s "
+            f"(run {self.run_id}, mailbox {self.mailbox_id})"
+        ]
+        unrouted = [
+            (row, f"envelope recipient {row.rcpt} is not {self.address}")
+            for row in self.store.unrouted(self.domain)
+            if row.received_at >= self._row.created_at
+        ]
+        near = misses + unrouted
+        if not near:
+            lines.append("no mail arrived for this mailbox or any unknown alias of its domain")
+        else:
+            lines.append(f"near misses ({len(near)}):")
+            lines.extend(
+                f"  - {row.message_id} {self._subject(row)!r}: {reason}" for row, reason in near
+            )
+        return "\n".join(lines)
+
+    # -- claims ------------------------------------------------------------------------
+
+    def _claim(self, row: MessageRow, lease: float | None) -> Outcome:
+        return self.store.claim(
+            mailbox_id=self.mailbox_id,
+            mailbox_fence=self.fence,
+            message_id=row.message_id,
+            holder=self.run_id,
+            lease=self.contract.lease if lease is None else lease,
+        )
+
+    def claim(self, message_id: str, *, lease: float | None = None) -> ClaimedMessage:
+        """Claim a known message of this mailbox under a lease; typed errors if refused."""
+        row = self.store.message(message_id)
+        if row is None or row.mailbox_id != self.mailbox_id:
+            msg = f"{message_id} is not a message of {self.address}"
+            raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
+        outcome = _raise_for(self._claim(row, lease), f"claim {message_id}")
+        return ClaimedMessage(self.store.raw(row.body_id), row, self, outcome)
+
+    def ack(self, message_id: str, fence: int) -> Outcome:
+        """Consume a claimed message; refused (typed error) for a stale fence or lease."""
+        return _raise_for(self.store.ack(message_id, fence), f"ack {message_id}")
+
+    def renew(self, message_id: str, fence: int, lease: float | None = None) -> Outcome:
+        """Extend a live lease under the same fence."""
+        lease = self.contract.lease if lease is None else lease
+        return _raise_for(self.store.renew(message_id, fence, lease), f"renew {message_id}")
+
+    def release_claim(self, message_id: str, fence: int) -> Outcome:
+        """Return a claimed message to ``waiting``."""
+        return _raise_for(self.store.release_claim(message_id, fence), f"release {message_id}")
+
+    def release(self, reason: CloseReason = CloseReason.RELEASED_SUCCESS) -> Outcome:
+        """End the reservation; every later operation on it is refused."""
+        return self.store.release(self.mailbox_id, self.fence, reason)
+
+    def close(self, *, success: bool) -> Receipt:
+        """Teardown: ack (on success) or give back (on failure) live claims, release, receipt."""
+        row = self.store.mailbox(self.mailbox_id)
+        if row is not None and row.active and row.fence == self.fence:
+            now = self.store.clock()
+            for message in self.store.messages(self.mailbox_id):
+                live = message.state == Status.CLAIMED.value and (message.lease_until or 0) > now
+                if live and message.holder == self.run_id and message.fence is not None:
+                    if success:
+                        self.store.ack(message.message_id, message.fence)
+                    else:
+                        self.store.release_claim(message.message_id, message.fence)
+            reason = CloseReason.RELEASED_SUCCESS if success else CloseReason.RELEASED_ERROR
+            self.release(reason)
+        return self.receipt()
+
+    def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:
+        def record(kind: str, value: str, host: str | None) -> None:
+            sha, last2 = digest(value)
+            self.store.record_secret(self.mailbox_id, message_id, kind, sha, last2, host)
+
+        return record
+
+    # -- receipt -----------------------------------------------------------------------
+
+    def receipt(self) -> Receipt:
+        """The secret-free record of this run so far."""
+        row = self.store.mailbox(self.mailbox_id) or self._row
+        found = self.store.secrets(self.mailbox_id)
+        digests = {s["sha256"] for s in found}
+        messages = [
+            MessageReceipt(
+                message_id=m.message_id,
+                received_at=utc(m.received_at),
+                subject=mask_secrets(m.subject, digests),
+                state=m.state,
+                fence=m.fence,
+                claimed_at=utc(m.claimed_at) if m.claimed_at else None,
+                consumed_at=utc(m.consumed_at) if m.consumed_at else None,
+                secrets=[
+                    SecretDigest(
+                        kind=s["kind"], sha256=s["sha256"], last2=s["last2"], host=s["host"]
+                    )
+                    for s in found
+                    if s["message_id"] == m.message_id
+                ],
+            )
+            for m in self.store.messages(self.mailbox_id)
+        ]
+        return Receipt(
+            run_id=row.run_id,
+            nodeid=self.nodeid,
+            mailbox_id=row.mailbox_id,
+            address=row.address,
+            purpose=row.purpose,
+            state=row.state,
+            close_reason=row.close_reason,
+            fence=row.fence,
+            created_at=utc(row.created_at),
+            expires_at=utc(row.expires_at),
+            released_at=utc(row.closed_at) if row.closed_at else None,
+            messages=messages,
+            events=[
+                ReceiptEvent(at=utc(e["at"]), status=e["status"], detail=e["detail"])
+                for e in self.store.events(self.mailbox_id)
+            ],
+        )

@@ -1,0 +1,561 @@
+"""A parsed, read-only view of one stored message, and safe extraction of its links and codes.
+
+Nothing here raises on bad mail: malformed input is parsed as far as it goes and *flagged* in
+``Message.defects``. Only ``link()`` and ``code()`` raise, with ``ExtractionError``, and their
+messages never contain the secret itself (links are redacted, codes are masked).
+"""
+
+from __future__ import annotations
+
+import email.charset
+import hashlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import EmailPolicy
+from functools import cached_property, lru_cache
+from html.parser import HTMLParser
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from pytest_mailbox.errors import ExtractionError
+
+__all__ = ["Message", "digest", "redact_url"]
+
+#: Four to eight digits not touching other digits: what ``code()`` looks for by default.
+DEFAULT_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
+
+_REDACTED = "…"
+_MASK = "••••"
+_MAX_LISTED = 10
+_MIN_MASKED_TAIL = 4  # shorter values are shown as bullets only
+_REPR_SUBJECT = 60
+
+_WORD = re.compile(r"[A-Za-z_-]{1,24}")
+_FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
+_LINEBREAKS = re.compile(r"[\r\n]+")
+_ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_URL_IN_TEXT = re.compile(r"https?://[^\s<>\"'`\x00-\x1f\x7f]+", re.IGNORECASE)
+_HTTP_SCHEME = re.compile(r"https?://", re.IGNORECASE)
+_URL_CONTROL = re.compile(r"[\t\r\n]")
+_ADDRESS = re.compile(r"[^\s<>()\[\]@,;:\"]+@[^\s<>()\[\]@,;:\"]+")
+_TRAILING = ".,;:!?"
+_OPENER = {")": "(", "]": "[", "}": "{"}
+_HTML_SKIP = frozenset({"script", "style", "title", "template"})
+_HTML_BLOCK = frozenset(
+    {
+        "address", "article", "aside", "blockquote", "br", "dd", "div", "dl", "dt", "footer",
+        "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main", "nav", "ol", "p",
+        "pre", "section", "table", "td", "th", "tr", "ul",
+    }
+)  # fmt: skip
+
+
+def digest(value: str) -> tuple[str, str]:
+    """(sha256 hex of the UTF-8 value, last two characters): how secrets appear in receipts."""
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest(), value[-2:]
+
+
+def redact_url(url: str) -> str:
+    """A link safe for logs, errors and agent answers: host and word-like parts kept, rest '…'.
+
+    ``https://app.example.test/verify/8f3a9c?token=abc&next=home`` becomes
+    ``https://app.example.test/verify/…?token=…&next=…``. Credentials are dropped, and so are
+    query keys and fragments that do not look like plain words.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+    except ValueError:
+        return _REDACTED
+    try:
+        port = parts.port
+    except ValueError:  # not a number: dropped rather than shown
+        port = None
+    if ":" in host:
+        host = f"[{host}]"
+    if port is not None:
+        host = f"{host}:{port}"
+    out = f"{parts.scheme}:" if parts.scheme else ""
+    if parts.netloc:
+        out += f"//{host}"
+    out += "/".join(_word_or_redacted(segment) for segment in parts.path.split("/"))
+    if parts.query:
+        pairs = []
+        for pair in parts.query.split("&"):
+            key, sep, _ = pair.partition("=")
+            pairs.append(_word_or_redacted(key) + ("=" + _REDACTED if sep else ""))
+        out += "?" + "&".join(pairs)
+    if parts.fragment and _WORD.fullmatch(parts.fragment):
+        out += "#" + parts.fragment
+    return out
+
+
+def _word_or_redacted(value: str) -> str:
+    """Keep empty and word-like URL pieces, replace anything else (tokens, ids) by '…'."""
+    return value if not value or _WORD.fullmatch(value) else _REDACTED
+
+
+def _mask(value: str) -> str:
+    """``••••56``: bullets and the last two characters (bullets only for very short values)."""
+    return _MASK + (value[-2:] if len(value) >= _MIN_MASKED_TAIL else "")
+
+
+def _show(pattern: str) -> str:
+    """A pattern as the user would write it: ``r"code: (\\d{6})"``."""
+    if '"' in pattern or pattern.endswith("\\") or not pattern.isprintable():
+        return repr(pattern)
+    return f'r"{pattern}"'
+
+
+def _clean(value: str) -> str:
+    """Turn surrogate-escaped raw bytes back into text: UTF-8 if it decodes, else Latin-1."""
+    if not _SURROGATE.search(value):
+        return value
+
+    def decode_run(match: re.Match[str]) -> str:
+        data = match.group().encode("utf-8", "surrogateescape")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return data.decode("latin-1")
+
+    return _SURROGATE.sub("\ufffd", _ESCAPED_BYTES.sub(decode_run, value))
+
+
+def _host(url: str) -> str:
+    """The URL's host, lower-case, without port or trailing dot; "" if it has none."""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+    return host.rstrip(".")
+
+
+def _trim_url(url: str) -> str:
+    """Drop sentence punctuation and unbalanced closing brackets that trail a URL in prose."""
+    while url:
+        last = url[-1]
+        if last in _TRAILING or (last in _OPENER and url.count(last) > url.count(_OPENER[last])):
+            url = url[:-1]
+        else:
+            break
+    return url
+
+
+@lru_cache(maxsize=2048)
+def _fetch_header(name: str, value: str) -> Any:
+    """``email.policy.default``'s header object, cached: the parser re-reads headers a lot."""
+    return _DEFAULT.header_fetch_parse(name, value)
+
+
+if TYPE_CHECKING:
+    _EmailPolicy = EmailPolicy[EmailMessage]
+else:  # not subscriptable at runtime
+    _EmailPolicy = EmailPolicy
+
+
+class _CachingPolicy(_EmailPolicy):
+    """``email.policy.default`` with header parsing memoized (2000 parts parse in ms, not s)."""
+
+    def header_fetch_parse(self, name: str, value: str) -> Any:
+        if not isinstance(value, str) or hasattr(value, "name"):
+            return super().header_fetch_parse(name, value)
+        return _fetch_header(name, value)
+
+
+_DEFAULT: EmailPolicy[EmailMessage] = EmailPolicy()
+_POLICY = _CachingPolicy()
+
+
+class _HTMLScan(HTMLParser):
+    """Collects the visible text and the ``<a href>`` values of an HTML body."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.chunks: list[str] = []
+        self.hrefs: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _HTML_SKIP:
+            self._skipping += 1
+        elif tag in _HTML_BLOCK:
+            self.chunks.append("\n")
+        if tag == "a":
+            for name, value in attrs:
+                if name == "href" and value:
+                    self.hrefs.append(value)
+                    break
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _HTML_SKIP:
+            self._skipping = max(0, self._skipping - 1)
+        elif tag in _HTML_BLOCK:
+            self.chunks.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:
+            self.chunks.append(data)
+
+    @classmethod
+    def scan(cls, markup: str) -> _HTMLScan:
+        """Parse ``markup`` as far as it goes; broken markup keeps what was read before it."""
+        scanner = cls()
+        try:
+            scanner.feed(markup)
+            scanner.close()
+        except Exception:  # html.parser raises AssertionError on odd declarations
+            pass
+        return scanner
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """Everything read from the bytes in one pass, so properties are cheap and never raise."""
+
+    entries: list[tuple[str, str, Any]] = field(default_factory=list)  # name, value, object
+    text: str = ""
+    html: str = ""
+    defects: list[str] = field(default_factory=list)
+
+
+def _walk(root: EmailMessage, *, into_attached: bool = True) -> Iterator[EmailMessage]:
+    """Every part in document order, without recursion (trees may be thousands deep)."""
+    stack = [root]
+    while stack:
+        part = stack.pop()
+        yield part
+        try:
+            if not part.is_multipart():
+                continue
+            if not into_attached and part.get_content_maintype() == "message":
+                continue
+            children = part.get_payload()
+        except Exception:  # a part we cannot read has no readable children
+            continue
+        if isinstance(children, list):
+            stack.extend(child for child in reversed(children) if isinstance(child, EmailMessage))
+
+
+def _find_body(tree: EmailMessage, subtype: str) -> EmailMessage | None:
+    """``get_body((subtype,))``, falling back to the first inline ``text/<subtype>`` part."""
+    try:
+        found = tree.get_body((subtype,))
+    except Exception:  # RecursionError on absurdly deep trees, header parser bugs
+        found = None
+    if isinstance(found, EmailMessage):
+        return found
+    wanted = f"text/{subtype}"
+    for part in _walk(tree, into_attached=False):
+        try:
+            if part.get_content_type() == wanted and not part.is_attachment():
+                return part
+        except Exception:  # skip parts whose headers cannot be read
+            continue
+    return None
+
+
+def _decode_part(part: EmailMessage, flags: set[str]) -> str:
+    """The part's payload as text: transfer encoding undone, charset applied, newlines '\\n'."""
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:
+        return ""
+    if not isinstance(payload, bytes):
+        return ""
+    try:
+        charset = part.get_content_charset()
+    except Exception:
+        charset = None
+    if charset is None or charset in {"us-ascii", "ascii"}:
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            text = payload.decode("latin-1")
+    else:
+        charset = email.charset.ALIASES.get(charset, charset)
+        try:
+            text = payload.decode(charset, "replace")
+        except Exception:  # LookupError, or a codec that is not a text codec
+            flags.add("unknown_charset")
+            text = payload.decode("utf-8", "replace")
+    return _SURROGATE.sub("\ufffd", text).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _header(name: str, raw: object) -> tuple[str, Any]:
+    """A header's decoded, unfolded value and its parsed object (None if it did not parse)."""
+    value = raw if isinstance(raw, str) else str(raw)
+    unfolded = _clean(_FOLD.sub(" ", value))  # raw 8-bit bytes: UTF-8, else Latin-1
+    try:
+        parsed = _POLICY.header_fetch_parse(name, unfolded)
+        return _clean(str(parsed)), parsed
+    except Exception:
+        return _LINEBREAKS.sub("", unfolded), None
+
+
+def _parse(raw: bytes) -> _Parsed:
+    """Parse the bytes once; whatever fails is recorded in ``defects`` instead of raised."""
+    flags: set[str] = set()
+    try:
+        tree: EmailMessage | None = BytesParser(policy=_POLICY).parsebytes(raw)
+    except Exception:  # RecursionError on absurd nesting, bugs in the email package
+        flags.add("parse_error")
+        try:
+            tree = BytesParser(policy=_POLICY).parsebytes(raw, headersonly=True)
+        except Exception:
+            tree = None
+    if tree is None:
+        return _Parsed(defects=sorted(flags))
+
+    entries: list[tuple[str, str, Any]] = []
+    try:
+        raw_headers = list(tree.raw_items())
+    except Exception:
+        raw_headers = []
+    for name, value in raw_headers:
+        if isinstance(value, str) and _SURROGATE.search(value):
+            flags.add("8bit_header")
+        text, parsed = _header(name, value)
+        entries.append((name, text, parsed))
+        flags.update(type(defect).__name__ for defect in getattr(parsed, "defects", ()))
+
+    plain = _find_body(tree, "plain")
+    markup = _find_body(tree, "html")
+    text = _decode_part(plain, flags) if plain is not None else ""
+    html = _decode_part(markup, flags) if markup is not None else ""
+    for part in _walk(tree):  # after decoding: bad base64 is only noticed while decoding
+        flags.update(type(defect).__name__ for defect in getattr(part, "defects", ()))
+    return _Parsed(entries=entries, text=text, html=html, defects=sorted(flags))
+
+
+def _addresses(value: str, parsed: Any) -> list[str]:
+    """The addr-specs of an address header, with a lenient regex when the parser found none."""
+    found: list[str] = []
+    try:
+        for address in getattr(parsed, "addresses", ()):
+            spec = _clean(str(address.addr_spec))
+            if "@" in spec and spec not in found:
+                found.append(spec)
+    except Exception:
+        found = []
+    return found or list(dict.fromkeys(_ADDRESS.findall(value)))
+
+
+class Message:
+    """A parsed, read-only view of one stored message (``email.policy.default`` semantics)."""
+
+    def __init__(
+        self,
+        raw: bytes,
+        *,
+        message_id: str = "",
+        envelope_from: str = "",
+        envelope_to: str = "",
+        received_at: datetime | None = None,
+        seq: int = 0,
+        on_secret: Callable[[str, str, str | None], None] | None = None,
+    ) -> None:
+        self.raw = bytes(raw)
+        self.message_id = message_id
+        self.envelope_from = envelope_from
+        self.envelope_to = envelope_to
+        self.received_at = received_at
+        self.seq = seq
+        self._on_secret = on_secret
+        self._parsed_cache: _Parsed | None = None
+
+    def __repr__(self) -> str:
+        subject = self.subject
+        if len(subject) > _REPR_SUBJECT:
+            subject = subject[: _REPR_SUBJECT - 3] + "..."
+        return f"<Message {self._label} from={self.sender or '-'} subject={subject!r}>"
+
+    # -- parsing ---------------------------------------------------------------------------
+
+    @property
+    def _parsed(self) -> _Parsed:
+        if self._parsed_cache is None:
+            self._parsed_cache = _parse(self.raw)
+        return self._parsed_cache
+
+    @property
+    def _label(self) -> str:
+        return self.message_id or f"#{self.seq}"
+
+    def _values(self, name: str) -> list[tuple[str, Any]]:
+        wanted = name.strip().lower()
+        return [(text, obj) for key, text, obj in self._parsed.entries if key.lower() == wanted]
+
+    # -- headers ---------------------------------------------------------------------------
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Every header as (name, decoded value), in order."""
+        return [(name, text) for name, text, _ in self._parsed.entries]
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (case-insensitive), or None."""
+        values = self._values(name)
+        return values[0][0] if values else None
+
+    def run_header(self, name: str = "X-Run-Id") -> str | None:
+        """The stripped value of the run-correlation header, or None."""
+        value = self.header(name)
+        return value.strip() if value is not None else None
+
+    @cached_property
+    def subject(self) -> str:
+        """The decoded subject ("" if missing), folded whitespace turned into single spaces."""
+        value = self.header("Subject")
+        return value.strip() if value is not None else ""
+
+    @cached_property
+    def sender(self) -> str:
+        """The From address (addr-spec only, e.g. ``noreply@app.example.test``), or ""."""
+        for value, parsed in self._values("From"):
+            found = _addresses(value, parsed)
+            if found:
+                return found[0]
+        return ""
+
+    @property
+    def to(self) -> list[str]:
+        """The addresses of the To header(s)."""
+        return list(self._to)
+
+    @cached_property
+    def _to(self) -> tuple[str, ...]:
+        found: dict[str, None] = {}
+        for value, parsed in self._values("To"):
+            found.update(dict.fromkeys(_addresses(value, parsed)))
+        return tuple(found)
+
+    # -- bodies ----------------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        """The text/plain body, decoded; "" if there is none."""
+        return self._parsed.text
+
+    @property
+    def html(self) -> str:
+        """The text/html body, decoded; "" if there is none."""
+        return self._parsed.html
+
+    @cached_property
+    def _html_scan(self) -> _HTMLScan:
+        return _HTMLScan.scan(self.html)
+
+    @cached_property
+    def body_text(self) -> str:
+        """The plain body, or the HTML body as plain text when there is none: what is searched."""
+        if self.text.strip():
+            return self.text
+        return " ".join("".join(self._html_scan.chunks).split())
+
+    @property
+    def defects(self) -> list[str]:
+        """How the mail is malformed: email-package defect names plus our own flags, sorted."""
+        return list(self._parsed.defects)
+
+    # -- extraction ------------------------------------------------------------------------
+
+    @cached_property
+    def _links(self) -> tuple[str, ...]:
+        found: dict[str, None] = {}
+        for match in _URL_IN_TEXT.finditer(self.text):
+            url = _trim_url(match.group())
+            if _host(url):
+                found.setdefault(url, None)
+        for href in self._html_scan.hrefs:
+            url = _URL_CONTROL.sub("", href).strip()
+            if _HTTP_SCHEME.match(url) and _host(url):
+                found.setdefault(url, None)
+        return tuple(found)
+
+    def links(self) -> list[str]:
+        """Distinct http(s) links: those in the text body, then new ones from HTML ``<a href>``."""
+        return list(self._links)
+
+    def link(self, domain: str | None = None) -> str:
+        """The one distinct link on ``domain`` (any host if None); ExtractionError otherwise."""
+        found = self._links
+        if domain is None:
+            where, candidates = "", list(found)
+        else:
+            wanted = _host(domain.strip() if "://" in domain else f"http://{domain.strip()}")
+            if not wanted:
+                msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
+                raise ExtractionError(msg, result={"message_id": self.message_id})
+            where, candidates = f" on {wanted}", [u for u in found if _host(u) == wanted]
+        result: dict[str, Any] = {
+            "message_id": self.message_id,
+            "kind": "link",
+            "candidates": len(candidates),
+        }
+        if len(candidates) == 1:
+            url = candidates[0]
+            if self._on_secret is not None:
+                self._on_secret("link", url, _host(url) or None)
+            return url
+        if not candidates:
+            hosts = list(dict.fromkeys(_host(u) for u in found))
+            msg = f"no link{where} in message {self._label}; hosts found: "
+            msg += ", ".join(hosts) if hosts else "none (the message has no http(s) links)"
+            raise ExtractionError(msg, result={**result, "hosts": hosts})
+        shown = ", ".join(redact_url(u) for u in candidates[:_MAX_LISTED])
+        if len(candidates) > _MAX_LISTED:
+            shown += f", … and {len(candidates) - _MAX_LISTED} more"
+        hint = "pass a narrower domain=" if domain is None else "the domain alone is ambiguous"
+        msg = (
+            f"{len(candidates)} distinct links{where} in message {self._label}, expected "
+            f"exactly one: {shown}; {hint}, or choose from message.links()"
+        )
+        raise ExtractionError(msg, result=result)
+
+    def code(self, pattern: str | None = None) -> str:
+        """The one distinct code matching ``pattern`` (group 1 if it has one) in body or subject.
+
+        Zero or several distinct values raise ExtractionError; values are shown masked only.
+        """
+        source = DEFAULT_CODE_PATTERN if pattern is None else pattern
+        try:
+            regex = re.compile(source)
+        except Exception as exc:  # re.error, RecursionError, OverflowError
+            msg = f"code(pattern={_show(source)}) is not a valid regular expression: {exc}"
+            raise ExtractionError(msg, result={"message_id": self.message_id}) from None
+        values: dict[str, None] = {}
+        for haystack in (self.body_text, self.subject):
+            for match in regex.finditer(haystack):
+                value = match.group(1) if regex.groups else match.group()
+                if value:
+                    values.setdefault(value, None)
+        result: dict[str, Any] = {
+            "message_id": self.message_id,
+            "kind": "code",
+            "candidates": len(values),
+        }
+        if len(values) == 1:
+            value = next(iter(values))
+            if self._on_secret is not None:
+                self._on_secret("code", value, None)
+            return value
+        if not values:
+            msg = (
+                f"no code matching {_show(source)} in the subject or body of message {self._label}"
+            )
+            raise ExtractionError(msg, result=result)
+        masked = ", ".join(_mask(v) for v in list(values)[:_MAX_LISTED])
+        if len(values) > _MAX_LISTED:
+            masked += f", … and {len(values) - _MAX_LISTED} more"
+        msg = (
+            f"{len(values)} distinct codes match {_show(source)} in message {self._label}: "
+            f"{masked}; "
+            'pass pattern= with a capture group to pick one, e.g. pattern=r"code: (\\d{6})"'
+        )
+        raise ExtractionError(msg, result=result)

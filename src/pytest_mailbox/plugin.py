@@ -1,0 +1,213 @@
+"""pytest wiring only: options, the marker, fixtures and receipts in reports."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from pytest_mailbox.contract import CONTRACT_FIELDS, EmailContract, describe_validation_error
+from pytest_mailbox.contract import dump_receipt as _dump_receipt
+from pytest_mailbox.mailbox import Mailbox
+from pytest_mailbox.receipts import RECEIPT_PROPERTY
+from pytest_mailbox.settings import OPTIONS, Settings
+from pytest_mailbox.sink import MailSink, Signal
+from pytest_mailbox.store import Store
+
+STORE_NAME = "pytest-mailbox.sqlite3"
+
+_settings_key = pytest.StashKey[Settings]()
+_store_path_key = pytest.StashKey[Path]()
+_signal_key = pytest.StashKey[Signal]()
+_mailboxes_key = pytest.StashKey[list[Mailbox]]()
+_failed_key = pytest.StashKey[bool]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mailbox", "pytest-mailbox: an isolated SMTP mailbox per test")
+    for option in OPTIONS:
+        group.addoption(
+            option.flag,
+            dest=f"mailbox_{option.name}",
+            default=None,
+            metavar=option.name.upper(),
+            help=f"{option.help} (ini {option.ini}, env {option.env}; default {option.default!r})",
+        )
+        parser.addini(option.ini, f"{option.help} (allowed: {option.allowed})", default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "email_contract(*, purpose='mail', ttl=300, lease=60, timeout=10, max_reads=3, "
+        "max_resends=1, mode='live', link_domains=(), run_header='X-Run-Id'): "
+        "the rules of this test's isolated_mailbox (defaults from the mailbox_* ini keys)",
+    )
+    try:
+        settings = Settings.resolve(
+            cli={o.name: config.getoption(f"mailbox_{o.name}") for o in OPTIONS},
+            ini={o.name: config.getini(o.ini) for o in OPTIONS},
+        )
+    except ValueError as exc:
+        raise pytest.UsageError(f"pytest-mailbox: {exc}") from None
+    config.stash[_settings_key] = settings
+    config.stash[_signal_key] = Signal()
+    if settings.receipts is not None and not _is_worker(config):
+        config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    settings = config.stash[_settings_key]
+    port = settings.port or "a free port per worker"
+    return f"mailbox: {settings.domain} on {settings.host}:{port}, ttl_max {settings.ttl_max}s"
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def store_path(config: pytest.Config, factory: pytest.TempPathFactory) -> Path:
+    """One store per pytest run: the controller's basetemp, shared by every xdist worker."""
+    base = factory.getbasetemp()
+    return (base.parent if _is_worker(config) else base) / STORE_NAME
+
+
+@pytest.fixture(scope="session")
+def mailbox_store(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Store]:
+    """The run's shared store (SQLite, WAL), reconciled when the session starts and ends."""
+    path = store_path(pytestconfig, tmp_path_factory)
+    pytestconfig.stash[_store_path_key] = path
+    store = Store(path)
+    store.reconcile()
+    yield store
+    store.reconcile()
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def mailbox_server(pytestconfig: pytest.Config, mailbox_store: Store) -> Iterator[MailSink]:
+    """The session's SMTP sink: ``host``, ``port``, ``smtp_url`` and framework ``settings``."""
+    settings = pytestconfig.stash[_settings_key]
+    sink = MailSink(
+        mailbox_store,
+        domains=settings.allowed_domains,
+        host=settings.host,
+        port=settings.port,
+        max_message_size=settings.max_message_size,
+        reuse_port=settings.port != 0,
+        signal=pytestconfig.stash[_signal_key],
+    )
+    with sink:
+        yield sink
+
+
+@pytest.fixture
+def email_contract(request: pytest.FixtureRequest) -> EmailContract:
+    """This test's contract: the mailbox_* ini defaults overlaid by its email_contract marker."""
+    settings = request.config.stash[_settings_key]
+    marker = request.node.get_closest_marker("email_contract")
+    if marker is None:
+        return settings.contract
+    if marker.args:
+        pytest.fail(
+            "email_contract takes keyword arguments only, "
+            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+            pytrace=False,
+        )
+    values = {**settings.contract.model_dump(), **dict(marker.kwargs)}
+    try:
+        contract = EmailContract(**values)
+        contract.check_limits(ttl_max=settings.ttl_max)
+    except ValidationError as exc:
+        pytest.fail(
+            describe_validation_error("email_contract", exc, CONTRACT_FIELDS), pytrace=False
+        )
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return contract
+
+
+@pytest.fixture
+def isolated_mailbox(
+    request: pytest.FixtureRequest,
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    email_contract: EmailContract,
+) -> Iterator[Mailbox]:
+    """A fresh alias on the session's sink, reserved for this test's run under its contract."""
+    settings = request.config.stash[_settings_key]
+    mailbox = Mailbox.reserve(
+        mailbox_store,
+        contract=email_contract,
+        domain=settings.domain,
+        nodeid=request.node.nodeid,
+        signal=request.config.stash[_signal_key],
+    )
+    item = request.node
+    item.stash.setdefault(_mailboxes_key, []).append(mailbox)
+    yield mailbox
+    receipt = mailbox.close(success=not item.stash.get(_failed_key, False))
+    item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        item.stash[_failed_key] = True
+        for mailbox in item.stash.get(_mailboxes_key, []):
+            report.sections.append(("mailbox", mailbox.receipt().timeline()))
+    return report
+
+
+class _ReceiptWriter:
+    """Writes receipts to the JSON Lines file, on the controller only: workers' reports reach it."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.stream = path.open("w", encoding="utf-8")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "teardown":
+            return
+        for name, value in report.user_properties:
+            if name == RECEIPT_PROPERTY:
+                self.stream.write(f"{value}\n")
+                self.stream.flush()
+
+    def pytest_unconfigure(self) -> None:
+        self.stream.close()
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """One line on the controller: what the run's mailboxes saw."""
+    if _is_worker(config):
+        return
+    path = config.stash.get(_store_path_key, None)
+    if path is None and getattr(config.option, "dist", "no") != "no":
+        # xdist created the basetemp that its workers share; their store lives there.
+        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+        path = store_path(config, factory)
+    if path is None or not path.exists():
+        return
+    store = Store(path)
+    try:
+        store.reconcile()
+        counts = store.stats()
+    finally:
+        store.close()
+    terminalreporter.write_line(
+        "mailbox: "
+        + ", ".join(
+            f"{counts[k]} {k}"
+            for k in ("reserved", "received", "claimed", "consumed", "expired", "unrouted")
+        )
+    )

@@ -1,0 +1,83 @@
+"""Read receipts back from JUnit XML or JSON Lines, and print them as a table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from pytest_mailbox.contract import Receipt
+
+__all__ = ["RECEIPT_PROPERTY", "format_table", "main", "read_receipts"]
+
+RECEIPT_PROPERTY = "mailbox.receipt"
+
+
+def read_receipts(path: str | Path) -> list[Receipt]:
+    """Every receipt in a JUnit XML file (``<property name="mailbox.receipt">``) or JSONL file."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("<"):
+        root = ET.fromstring(text)
+        return [
+            Receipt.model_validate_json(prop.get("value", ""))
+            for prop in root.iter("property")
+            if prop.get("name") == RECEIPT_PROPERTY
+        ]
+    return [Receipt.model_validate_json(line) for line in text.splitlines() if line.strip()]
+
+
+def format_table(receipts: Iterable[Receipt]) -> str:
+    """One row per run: test, address, state and close reason, messages received/consumed."""
+    header = ("test", "run_id", "address", "state", "close_reason", "msgs", "consumed")
+    rows = [header]
+    for r in receipts:
+        consumed = sum(1 for m in r.messages if m.state == "consumed")
+        rows.append(
+            (
+                r.nodeid,
+                r.run_id,
+                r.address,
+                r.state,
+                r.close_reason or "-",
+                str(len(r.messages)),
+                str(consumed),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """``python -m pytest_mailbox receipts FILE...``: print the receipts as a table."""
+    out = out or sys.stdout
+    parser = argparse.ArgumentParser(prog="python -m pytest_mailbox")
+    commands = parser.add_subparsers(dest="command", required=True)
+    show = commands.add_parser("receipts", help="Print the receipts in JUnit XML or JSONL files")
+    show.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    show.add_argument("--test", default="", help="Only runs whose test id contains this text")
+    show.add_argument("--state", default="", help="Only runs in this state, e.g. released")
+    show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
+    args = parser.parse_args(argv)
+    receipts: list[Receipt] = []
+    for file in args.files:
+        if not file.exists():
+            parser.error(f"{file}: no such file")
+        receipts.extend(read_receipts(file))
+    chosen = [
+        r for r in receipts if args.test in r.nodeid and (not args.state or r.state == args.state)
+    ]
+    out.write(format_table(chosen) + "\n")
+    if args.timeline:
+        for receipt in chosen:
+            out.write("\n" + receipt.timeline() + "\n")
+    out.write(f"{len(chosen)} receipt(s)\n")
+    return 0

@@ -1,0 +1,768 @@
+"""The shared store: one SQLite file (WAL) per pytest run, used by every worker and sink.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, so a read-then-write (claim, ack,
+reserve) is atomic across processes. Fence tokens come from one store-wide counter that
+only increases. Nothing here imports pytest.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from pytest_mailbox.contract import Checkpoint, CloseReason, Status
+
+__all__ = ["Delivery", "MailboxRow", "MessageRow", "Outcome", "Store"]
+
+Clock = Callable[[], float]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);
+CREATE TABLE IF NOT EXISTS mailboxes (
+    mailbox_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    alias TEXT NOT NULL UNIQUE,
+    domain TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    fence INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    close_reason TEXT,
+    closed_at REAL
+);
+CREATE INDEX IF NOT EXISTS mailboxes_key ON mailboxes (run_id, purpose, state);
+CREATE TABLE IF NOT EXISTS bodies (
+    body_id INTEGER PRIMARY KEY,
+    raw BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id TEXT NOT NULL UNIQUE,
+    mailbox_id TEXT REFERENCES mailboxes (mailbox_id),
+    body_id INTEGER NOT NULL REFERENCES bodies (body_id),
+    rcpt TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    tag TEXT,
+    domain TEXT NOT NULL,
+    mail_from TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    size INTEGER NOT NULL,
+    subject TEXT NOT NULL,
+    run_header TEXT,
+    defects TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL DEFAULT 'waiting',
+    fence INTEGER,
+    holder TEXT,
+    lease_until REAL,
+    claimed_at REAL,
+    consumed_at REAL
+);
+CREATE INDEX IF NOT EXISTS messages_mailbox ON messages (mailbox_id, seq);
+CREATE INDEX IF NOT EXISTS messages_claimed ON messages (state, lease_until);
+CREATE TABLE IF NOT EXISTS claims (
+    fence INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL,
+    mailbox_id TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    claimed_at REAL NOT NULL,
+    lease_until REAL NOT NULL,
+    state TEXT NOT NULL,
+    ended_at REAL
+);
+CREATE INDEX IF NOT EXISTS claims_message ON claims (message_id);
+CREATE TABLE IF NOT EXISTS events (
+    event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    mailbox_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    status TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_mailbox ON events (mailbox_id, event_id);
+CREATE TABLE IF NOT EXISTS secrets (
+    mailbox_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    last2 TEXT NOT NULL,
+    host TEXT,
+    PRIMARY KEY (message_id, kind, sha256)
+);
+"""
+
+#: Mailbox states in which the reservation is still open.
+ACTIVE = ("reserved", "waiting", "claimed", "consumed")
+
+
+@dataclass(frozen=True)
+class MailboxRow:
+    """A mailbox reservation as stored."""
+
+    mailbox_id: str
+    run_id: str
+    purpose: str
+    alias: str
+    domain: str
+    owner: str
+    created_at: float
+    expires_at: float
+    fence: int
+    state: str
+    close_reason: str | None
+    closed_at: float | None
+
+    @property
+    def address(self) -> str:
+        return f"{self.alias}@{self.domain}"
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """One routed (or unrouted) recipient copy of an accepted message."""
+
+    seq: int
+    message_id: str
+    mailbox_id: str | None
+    body_id: int
+    rcpt: str
+    alias: str
+    tag: str | None
+    domain: str
+    mail_from: str
+    received_at: float
+    size: int
+    subject: str
+    run_header: str | None
+    defects: str
+    state: str
+    fence: int | None
+    holder: str | None
+    lease_until: float | None
+    claimed_at: float | None
+    consumed_at: float | None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One envelope recipient of a message the sink accepted."""
+
+    rcpt: str
+    alias: str
+    tag: str | None
+    domain: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The structured result of a claim, ack, renew or release."""
+
+    status: Status
+    message_id: str = ""
+    fence: int | None = None
+    holder: str | None = None
+    lease_until: float | None = None
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        result: dict[str, Any] = {"status": self.status.value}
+        for key in ("message_id", "fence", "holder", "lease_until", "detail"):
+            value = getattr(self, key)
+            if value not in (None, ""):
+                result[key] = value
+        return {**result, **self.extra}
+
+
+class Store:
+    """A handle on the shared SQLite store; safe to use from several threads."""
+
+    def __init__(self, path: str | Path, *, clock: Clock = time.time, busy_timeout: float = 60.0):
+        self.path = Path(path)
+        self.clock = clock
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock"):
+            conn = self._conn()
+            conn.execute("PRAGMA journal_mode=WAL")
+            with self._write() as tx:
+                tx.executescript_in_tx(_SCHEMA)
+
+    # -- connections and transactions -------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            # Each thread uses its own connection; only close() reaches across threads.
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[_Tx]:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield _Tx(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every connection this handle opened (from any thread)."""
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits: cheap cross-process polling."""
+        row = self._conn().execute("PRAGMA data_version").fetchone()
+        return int(row[0])
+
+    # -- mailboxes ---------------------------------------------------------------------
+
+    def reserve(
+        self, *, run_id: str, purpose: str, ttl: float, domain: str, owner: str = ""
+    ) -> tuple[MailboxRow, bool]:
+        """The active mailbox for ``run_id + purpose``, reserving one if none; (row, created)."""
+        now = self.clock()
+        with self._write() as tx:
+            self._expire_mailboxes(tx, now)
+            row = tx.one(
+                "SELECT * FROM mailboxes WHERE run_id = ? AND purpose = ? AND state IN "
+                f"({_marks(ACTIVE)}) ORDER BY created_at DESC",
+                (run_id, purpose, *ACTIVE),
+            )
+            if row is not None:
+                return _mailbox(row), False
+            mailbox_id = f"mbx-{secrets.token_hex(6)}"
+            alias = f"{purpose}-{secrets.token_hex(5)}"
+            fence = tx.next_fence()
+            tx.run(
+                "INSERT INTO mailboxes (mailbox_id, run_id, purpose, alias, domain, owner,"
+                " created_at, expires_at, fence, state) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    mailbox_id,
+                    run_id,
+                    purpose,
+                    alias,
+                    domain,
+                    owner,
+                    now,
+                    now + ttl,
+                    fence,
+                    Status.RESERVED.value,
+                ),
+            )
+            tx.event(mailbox_id, now, Status.RESERVED, f"{alias}@{domain} fence {fence}")
+            created = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+            assert created is not None
+            return _mailbox(created), True
+
+    def mailbox(self, mailbox_id: str) -> MailboxRow | None:
+        """The mailbox row, reconciled first if it has expired."""
+        row = (
+            self._conn()
+            .execute("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+            .fetchone()
+        )
+        if row is None:
+            return None
+        found = _mailbox(row)
+        if found.active and found.expires_at <= self.clock():
+            self.reconcile()
+            return self.mailbox(mailbox_id)
+        return found
+
+    def mark(self, mailbox_id: str, fence: int, status: Status, detail: str = "") -> None:
+        """Record a step of an open mailbox's life (``waiting`` and the like)."""
+        now = self.clock()
+        with self._write() as tx:
+            self._open_mailbox(tx, mailbox_id, fence, now)
+            if status in (Status.WAITING, Status.CLAIMED, Status.CONSUMED):
+                tx.run(
+                    "UPDATE mailboxes SET state = ? WHERE mailbox_id = ?",
+                    (status.value, mailbox_id),
+                )
+            tx.event(mailbox_id, now, status, detail)
+
+    def release(self, mailbox_id: str, fence: int, reason: CloseReason) -> Outcome:
+        """End a reservation; live claims it holds are released with it."""
+        now = self.clock()
+        with self._write() as tx:
+            self._expire_mailboxes(tx, now)
+            row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+            if row is None:
+                return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
+            found = _mailbox(row)
+            if found.fence != fence:
+                return Outcome(Status.FENCE_MISMATCH, fence=found.fence, detail="stale handle")
+            if not found.active:
+                return Outcome(Status(found.state), detail=found.close_reason or "")
+            for claim in tx.all(
+                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?",
+                (mailbox_id, Status.CLAIMED.value),
+            ):
+                self._end_claim(tx, claim["message_id"], claim["fence"], "released", now)
+            tx.run(
+                "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? "
+                "WHERE mailbox_id = ?",
+                (Status.RELEASED.value, reason.value, now, mailbox_id),
+            )
+            tx.event(mailbox_id, now, Status.RELEASED, reason.value)
+            return Outcome(Status.RELEASED, detail=reason.value)
+
+    def route(self, alias: str, domain: str) -> str | None:
+        """The mailbox that owns ``alias@domain``, whatever its state (mail is never dropped)."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT mailbox_id FROM mailboxes WHERE alias = ? AND domain = ?", (alias, domain)
+            )
+            .fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    # -- messages ----------------------------------------------------------------------
+
+    def deliver(
+        self,
+        *,
+        mail_from: str,
+        deliveries: Sequence[Delivery],
+        raw: bytes,
+        subject: str,
+        run_header: str | None,
+        defects: Sequence[str] = (),
+    ) -> list[str]:
+        """Commit one accepted message: one body, one row per recipient; returns message ids."""
+        now = self.clock()
+        ids: list[str] = []
+        with self._write() as tx:
+            body_id = tx.run("INSERT INTO bodies (raw) VALUES (?)", (raw,)).lastrowid
+            for delivery in deliveries:
+                row = tx.one(
+                    "SELECT mailbox_id FROM mailboxes WHERE alias = ? AND domain = ?",
+                    (delivery.alias, delivery.domain),
+                )
+                mailbox_id = None if row is None else str(row[0])
+                message_id = f"m-{secrets.token_hex(6)}"
+                tx.run(
+                    "INSERT INTO messages (message_id, mailbox_id, body_id, rcpt, alias, tag,"
+                    " domain, mail_from, received_at, size, subject, run_header, defects)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        message_id,
+                        mailbox_id,
+                        body_id,
+                        delivery.rcpt,
+                        delivery.alias,
+                        delivery.tag,
+                        delivery.domain,
+                        mail_from,
+                        now,
+                        len(raw),
+                        subject,
+                        run_header,
+                        ",".join(defects),
+                    ),
+                )
+                if mailbox_id is not None:
+                    tx.event(mailbox_id, now, "received", message_id)
+                ids.append(message_id)
+        return ids
+
+    def checkpoint(self) -> Checkpoint:
+        """The current position: later messages have a higher ``seq``."""
+        row = self._conn().execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()
+        return Checkpoint(seq=int(row[0]), at=self.clock())
+
+    def messages(self, mailbox_id: str) -> list[MessageRow]:
+        """Every message routed to the mailbox, oldest first."""
+        rows = (
+            self._conn()
+            .execute("SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq", (mailbox_id,))
+            .fetchall()
+        )
+        return [_message(r) for r in rows]
+
+    def message(self, message_id: str) -> MessageRow | None:
+        row = (
+            self._conn()
+            .execute("SELECT * FROM messages WHERE message_id = ?", (message_id,))
+            .fetchone()
+        )
+        return None if row is None else _message(row)
+
+    def unrouted(self, domain: str, *, limit: int = 20) -> list[MessageRow]:
+        """The newest mail for unknown aliases of ``domain``, oldest first."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT * FROM messages WHERE mailbox_id IS NULL AND domain = ? "
+                "ORDER BY seq DESC LIMIT ?",
+                (domain, limit),
+            )
+            .fetchall()
+        )
+        return [_message(r) for r in reversed(rows)]
+
+    def raw(self, body_id: int) -> bytes:
+        """A message's bytes, read from disk on demand."""
+        row = (
+            self._conn().execute("SELECT raw FROM bodies WHERE body_id = ?", (body_id,)).fetchone()
+        )
+        return b"" if row is None else bytes(row[0])
+
+    def record_secret(
+        self, mailbox_id: str, message_id: str, kind: str, sha256: str, last2: str, host: str | None
+    ) -> None:
+        """Remember that a secret was extracted: its digest only, never its value."""
+        with self._write() as tx:
+            tx.run(
+                "INSERT OR IGNORE INTO secrets VALUES (?,?,?,?,?,?)",
+                (mailbox_id, message_id, kind, sha256, last2, host),
+            )
+
+    def secrets(self, mailbox_id: str) -> list[sqlite3.Row]:
+        return (
+            self._conn()
+            .execute("SELECT * FROM secrets WHERE mailbox_id = ?", (mailbox_id,))
+            .fetchall()
+        )
+
+    def events(self, mailbox_id: str) -> list[sqlite3.Row]:
+        return (
+            self._conn()
+            .execute(
+                "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id",
+                (mailbox_id,),
+            )
+            .fetchall()
+        )
+
+    # -- claims ------------------------------------------------------------------------
+
+    def claim(
+        self, *, mailbox_id: str, mailbox_fence: int, message_id: str, holder: str, lease: float
+    ) -> Outcome:
+        """``waiting → claimed`` for one message, atomically, under a new fence token."""
+        now = self.clock()
+        with self._write() as tx:
+            refused = self._open_mailbox(tx, mailbox_id, mailbox_fence, now)
+            if refused is not None:
+                return refused
+            row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
+            if row is None or row["mailbox_id"] != mailbox_id:
+                return Outcome(Status.POLICY_DENIED, message_id, detail="not in this mailbox")
+            msg = _message(row)
+            if msg.state == Status.CONSUMED.value:
+                return Outcome(
+                    Status.ALREADY_CONSUMED, message_id, fence=msg.fence, holder=msg.holder
+                )
+            if msg.state == Status.CLAIMED.value:
+                assert msg.lease_until is not None
+                if msg.lease_until > now:
+                    return Outcome(
+                        Status.ALREADY_CLAIMED,
+                        message_id,
+                        fence=msg.fence,
+                        holder=msg.holder,
+                        lease_until=msg.lease_until,
+                    )
+                self._end_claim(tx, message_id, msg.fence, "expired", now)
+            expires_at = tx.one(
+                "SELECT expires_at FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
+            )
+            assert expires_at is not None
+            lease_until = min(now + lease, float(expires_at[0]))
+            fence = tx.next_fence()
+            updated = tx.run(
+                "UPDATE messages SET state = 'claimed', fence = ?, holder = ?, lease_until = ?,"
+                " claimed_at = ? WHERE message_id = ? AND state = 'waiting'",
+                (fence, holder, lease_until, now, message_id),
+            ).rowcount
+            if updated != 1:  # pragma: no cover - the transaction makes this unreachable
+                return Outcome(Status.PROVIDER_ERROR, message_id, detail="lost update")
+            tx.run(
+                "INSERT INTO claims VALUES (?,?,?,?,?,?,?,NULL)",
+                (fence, message_id, mailbox_id, holder, now, lease_until, "claimed"),
+            )
+            tx.run("UPDATE mailboxes SET state = 'claimed' WHERE mailbox_id = ?", (mailbox_id,))
+            tx.event(mailbox_id, now, Status.CLAIMED, f"{message_id} fence {fence}")
+            return Outcome(
+                Status.CLAIMED, message_id, fence=fence, holder=holder, lease_until=lease_until
+            )
+
+    def ack(self, message_id: str, fence: int) -> Outcome:
+        """``claimed → consumed`` only for the current fence under a live lease."""
+        now = self.clock()
+        with self._write() as tx:
+            checked = self._current_claim(tx, message_id, fence, now)
+            if checked.status is not Status.CLAIMED:
+                return checked
+            tx.run(
+                "UPDATE messages SET state = 'consumed', consumed_at = ? WHERE message_id = ?",
+                (now, message_id),
+            )
+            tx.run(
+                "UPDATE claims SET state = 'consumed', ended_at = ? WHERE fence = ?", (now, fence)
+            )
+            mailbox_id = checked.extra["mailbox_id"]
+            tx.run(
+                "UPDATE mailboxes SET state = 'consumed' WHERE mailbox_id = ? AND state IN "
+                f"({_marks(ACTIVE)})",
+                (mailbox_id, *ACTIVE),
+            )
+            tx.event(mailbox_id, now, Status.CONSUMED, f"{message_id} fence {fence}")
+            return Outcome(Status.CONSUMED, message_id, fence=fence, holder=checked.holder)
+
+    def renew(self, message_id: str, fence: int, lease: float) -> Outcome:
+        """Extend a live lease under the same fence."""
+        now = self.clock()
+        with self._write() as tx:
+            checked = self._current_claim(tx, message_id, fence, now)
+            if checked.status is not Status.CLAIMED:
+                return checked
+            mailbox = tx.one(
+                "SELECT expires_at FROM mailboxes WHERE mailbox_id = ?",
+                (checked.extra["mailbox_id"],),
+            )
+            assert mailbox is not None
+            lease_until = min(now + lease, float(mailbox[0]))
+            tx.run(
+                "UPDATE messages SET lease_until = ? WHERE message_id = ?",
+                (lease_until, message_id),
+            )
+            tx.run("UPDATE claims SET lease_until = ? WHERE fence = ?", (lease_until, fence))
+            tx.event(checked.extra["mailbox_id"], now, "renewed", f"{message_id} fence {fence}")
+            return Outcome(
+                Status.CLAIMED,
+                message_id,
+                fence=fence,
+                holder=checked.holder,
+                lease_until=lease_until,
+            )
+
+    def release_claim(self, message_id: str, fence: int) -> Outcome:
+        """Give a claimed message back (``claimed → waiting``) without consuming it."""
+        now = self.clock()
+        with self._write() as tx:
+            checked = self._current_claim(tx, message_id, fence, now)
+            if checked.status is not Status.CLAIMED:
+                return checked
+            self._end_claim(tx, message_id, fence, "released", now)
+            tx.event(checked.extra["mailbox_id"], now, "unclaimed", f"{message_id} fence {fence}")
+            return Outcome(Status.WAITING, message_id, fence=fence)
+
+    # -- reconciliation ----------------------------------------------------------------
+
+    def reconcile(self) -> dict[str, int]:
+        """Expire overdue mailboxes and leases; idempotent, safe from several processes."""
+        now = self.clock()
+        with self._write() as tx:
+            mailboxes = self._expire_mailboxes(tx, now)
+            leases = 0
+            for row in tx.all(
+                "SELECT message_id, fence, mailbox_id FROM messages "
+                "WHERE state = 'claimed' AND lease_until <= ?",
+                (now,),
+            ):
+                self._end_claim(tx, row["message_id"], row["fence"], "expired", now)
+                tx.event(
+                    row["mailbox_id"],
+                    now,
+                    Status.LEASE_EXPIRED,
+                    f"{row['message_id']} fence {row['fence']}",
+                )
+                leases += 1
+        return {"mailboxes": mailboxes, "leases": leases}
+
+    def stats(self) -> dict[str, int]:
+        """Counts for the terminal summary."""
+        conn = self._conn()
+
+        def count(sql: str) -> int:
+            return int(conn.execute(sql).fetchone()[0])
+
+        return {
+            "reserved": count("SELECT COUNT(*) FROM mailboxes"),
+            "received": count("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NOT NULL"),
+            "claimed": count("SELECT COUNT(*) FROM claims"),
+            "consumed": count("SELECT COUNT(*) FROM messages WHERE state = 'consumed'"),
+            "expired": count("SELECT COUNT(*) FROM mailboxes WHERE state = 'expired'")
+            + count("SELECT COUNT(*) FROM claims WHERE state = 'expired'"),
+            "unrouted": count("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NULL"),
+        }
+
+    # -- helpers (run inside a write transaction) --------------------------------------
+
+    def _expire_mailboxes(self, tx: _Tx, now: float) -> int:
+        overdue = tx.all(
+            f"SELECT mailbox_id FROM mailboxes WHERE state IN ({_marks(ACTIVE)}) "
+            "AND expires_at <= ?",
+            (*ACTIVE, now),
+        )
+        for row in overdue:
+            mailbox_id = row["mailbox_id"]
+            for claim in tx.all(
+                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?",
+                (mailbox_id, Status.CLAIMED.value),
+            ):
+                self._end_claim(tx, claim["message_id"], claim["fence"], "expired", now)
+            tx.run(
+                "UPDATE mailboxes SET state = 'expired', close_reason = ?, closed_at = ? "
+                "WHERE mailbox_id = ?",
+                (CloseReason.EXPIRED_TIMEOUT.value, now, mailbox_id),
+            )
+            tx.event(mailbox_id, now, Status.EXPIRED, CloseReason.EXPIRED_TIMEOUT.value)
+        return len(overdue)
+
+    def _open_mailbox(self, tx: _Tx, mailbox_id: str, fence: int, now: float) -> Outcome | None:
+        """None if the mailbox is open under ``fence``; else why not (expiring it if due)."""
+        self._expire_mailboxes(tx, now)
+        row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+        if row is None:
+            return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
+        found = _mailbox(row)
+        if found.fence != fence:
+            return Outcome(Status.FENCE_MISMATCH, fence=found.fence, detail="stale mailbox handle")
+        if not found.active:
+            return Outcome(Status(found.state), detail=found.close_reason or "")
+        return None
+
+    def _current_claim(self, tx: _Tx, message_id: str, fence: int, now: float) -> Outcome:
+        """``claimed`` (with the mailbox id) if ``fence`` holds a live lease, else why not."""
+        self._expire_mailboxes(tx, now)
+        row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
+        if row is None or row["mailbox_id"] is None:
+            return Outcome(Status.POLICY_DENIED, message_id, detail="unknown message id")
+        msg = _message(row)
+        claim = tx.one(
+            "SELECT * FROM claims WHERE fence = ? AND message_id = ?", (fence, message_id)
+        )
+        if msg.state == Status.CONSUMED.value:
+            return Outcome(Status.ALREADY_CONSUMED, message_id, fence=msg.fence, holder=msg.holder)
+        if claim is not None and claim["state"] == "released":
+            return Outcome(
+                Status.FENCE_MISMATCH,
+                message_id,
+                fence=msg.fence,
+                detail=f"the claim with fence {fence} was released",
+            )
+        if claim is None or msg.fence != fence:
+            return Outcome(
+                Status.FENCE_MISMATCH,
+                message_id,
+                fence=msg.fence,
+                detail=f"fence {fence} is not the current claim",
+            )
+        mailbox = tx.one("SELECT state FROM mailboxes WHERE mailbox_id = ?", (msg.mailbox_id,))
+        if mailbox is not None and mailbox["state"] not in ACTIVE:
+            return Outcome(Status(mailbox["state"]), message_id, fence=fence)
+        if (
+            msg.state != Status.CLAIMED.value
+            or claim["state"] == "expired"
+            or (msg.lease_until is not None and msg.lease_until <= now)
+        ):
+            if msg.state == Status.CLAIMED.value:
+                self._end_claim(tx, message_id, fence, "expired", now)
+            return Outcome(
+                Status.LEASE_EXPIRED, message_id, fence=fence, lease_until=msg.lease_until
+            )
+        return Outcome(
+            Status.CLAIMED,
+            message_id,
+            fence=fence,
+            holder=msg.holder,
+            lease_until=msg.lease_until,
+            extra={"mailbox_id": msg.mailbox_id},
+        )
+
+    @staticmethod
+    def _end_claim(tx: _Tx, message_id: str, fence: int | None, state: str, now: float) -> None:
+        tx.run(
+            "UPDATE messages SET state = 'waiting', lease_until = NULL WHERE message_id = ? "
+            "AND fence IS ? AND state = 'claimed'",
+            (message_id, fence),
+        )
+        tx.run(
+            "UPDATE claims SET state = ?, ended_at = ? WHERE fence = ? AND state = 'claimed'",
+            (state, now, fence),
+        )
+
+
+class _Tx:
+    """The cursor helpers used inside one write transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.conn.execute(sql, params).fetchone()
+        return row
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def executescript_in_tx(self, script: str) -> None:
+        for statement in script.split(";"):
+            if statement.strip():
+                self.conn.execute(statement)
+
+    def next_fence(self) -> int:
+        self.conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
+        row = self.conn.execute("SELECT value FROM counters WHERE name = 'fence'").fetchone()
+        return int(row[0])
+
+    def event(self, mailbox_id: str, at: float, status: Status | str, detail: str) -> None:
+        name = status.value if isinstance(status, Status) else status
+        self.conn.execute(
+            "INSERT INTO events (mailbox_id, at, status, detail) VALUES (?,?,?,?)",
+            (mailbox_id, at, name, detail),
+        )
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ",".join("?" * len(values))
+
+
+def _mailbox(row: sqlite3.Row) -> MailboxRow:
+    return MailboxRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row
+
+
+def _message(row: sqlite3.Row) -> MessageRow:
+    return MessageRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row

@@ -1,0 +1,675 @@
+"""Message parsing, extraction and redaction: right on good mail, never raising on bad mail."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from datetime import datetime, timezone
+from email.message import EmailMessage
+from email.parser import BytesParser
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_mailbox import message as message_module
+from pytest_mailbox.errors import ExtractionError
+from pytest_mailbox.message import Message, digest, redact_url
+
+TOKEN = "8f3a9c77d1e24b6a"
+OTHER_TOKEN = "b71c0e5529aa4f13"
+VERIFY = f"https://app.example.test/verify/{TOKEN}?token={TOKEN}&next=home"
+
+FUZZ = settings(
+    max_examples=200,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def build(
+    *,
+    text: str | None = None,
+    html: str | None = None,
+    subject: str | None = "Verify your account",
+    sender: str = "App <noreply@app.example.test>",
+    to: str = "user@mail.test",
+    charset: str = "utf-8",
+    cte: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> bytes:
+    """A well-formed message as the email package would send it."""
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = to
+    if subject is not None:
+        msg["Subject"] = subject
+    for name, value in (extra or {}).items():
+        msg[name] = value
+    if text is not None:
+        msg.set_content(text, charset=charset, cte=cte)
+        if html is not None:
+            msg.add_alternative(html, subtype="html")
+    elif html is not None:
+        msg.set_content(html, subtype="html", cte=cte)
+    return msg.as_bytes()
+
+
+def plain(body: str, subject: str = "Hello") -> Message:
+    """A text/plain message with ``body``, identified as m-1."""
+    return Message(build(text=body, subject=subject), message_id="m-1")
+
+
+def touch_everything(message: Message) -> None:
+    """Read every property and call every never-raising method, checking the types."""
+    assert isinstance(message.subject, str)
+    assert isinstance(message.sender, str)
+    assert all(isinstance(a, str) for a in message.to)
+    assert all(isinstance(n, str) and isinstance(v, str) for n, v in message.headers)
+    assert message.header("From") is None or isinstance(message.header("From"), str)
+    assert message.run_header() is None or isinstance(message.run_header(), str)
+    assert isinstance(message.text, str)
+    assert isinstance(message.html, str)
+    assert isinstance(message.body_text, str)
+    assert all(isinstance(d, str) for d in message.defects)
+    assert all(link.lower().startswith(("http://", "https://")) for link in message.links())
+    assert repr(message).startswith("<Message ")
+
+
+# -- well-formed mail ------------------------------------------------------------------------
+
+
+def test_multipart_alternative_exposes_both_bodies_and_headers() -> None:
+    raw = build(
+        text="Hello,\nconfirm here.\n",
+        html="<p>Hello,</p><p>confirm <b>here</b>.</p>",
+        to="User <user@mail.test>, other@mail.test",
+        extra={"X-Run-Id": "run-42 "},
+    )
+    when = datetime(2026, 1, 2, tzinfo=timezone.utc)
+    message = Message(
+        raw,
+        message_id="m-1",
+        envelope_from="bounce@app.example.test",
+        envelope_to="user@mail.test",
+        received_at=when,
+        seq=7,
+    )
+
+    assert message.raw == raw
+    assert (message.message_id, message.seq, message.received_at) == ("m-1", 7, when)
+    assert (message.envelope_from, message.envelope_to) == (
+        "bounce@app.example.test",
+        "user@mail.test",
+    )
+    assert message.subject == "Verify your account"
+    assert message.sender == "noreply@app.example.test"
+    assert message.to == ["user@mail.test", "other@mail.test"]
+    assert message.text == "Hello,\nconfirm here.\n"
+    assert message.html.startswith("<p>Hello,</p>")
+    assert message.body_text == message.text
+    assert message.header("subject") == "Verify your account"
+    assert message.header("FROM") == "App <noreply@app.example.test>"
+    assert message.header("X-Missing") is None
+    assert message.run_header() == "run-42"
+    assert ("To", "User <user@mail.test>, other@mail.test") in message.headers
+    assert message.defects == []
+
+
+def test_quoted_printable_body_is_decoded() -> None:
+    body = "Total = 100 €, " + "long line " * 20 + "\n"
+    raw = build(text=body, cte="quoted-printable")
+
+    assert b"quoted-printable" in raw
+    assert b"=3D" in raw
+    assert Message(raw).text == body
+
+
+def test_base64_body_is_decoded() -> None:
+    body = "Grüße aus Köln, your code is 482913\n"
+    raw = build(text=body, cte="base64")
+
+    assert b"Content-Transfer-Encoding: base64" in raw
+    assert "Grüße".encode() not in raw
+    assert Message(raw).text == body
+
+
+def test_rfc2047_subject_and_utf8_body() -> None:
+    raw = build(text="Bienvenue, élève naïve ✓\n", subject="Vérifiez votre compte — ✓")
+
+    assert b"=?utf-8?" in raw
+    message = Message(raw)
+    assert message.subject == "Vérifiez votre compte — ✓"
+    assert message.text == "Bienvenue, élève naïve ✓\n"
+
+
+def test_latin1_body_is_decoded_by_charset() -> None:
+    raw = build(text="Café crème à la française\n", charset="latin-1")
+
+    assert b"iso-8859-1" in raw
+    assert "Café".encode("latin-1") in raw
+    assert Message(raw).text == "Café crème à la française\n"
+
+
+def test_raw_8bit_latin1_body_with_declared_charset() -> None:
+    raw = b"Subject: hi\r\nContent-Type: text/plain; charset=iso-8859-1\r\n\r\nna\xefve caf\xe9\r\n"
+
+    message = Message(raw)
+    assert message.text == "naïve café\n"
+    assert message.defects == []
+
+
+def test_folded_subject_whitespace_is_normalized() -> None:
+    raw = b"Subject: Verify\r\n\tyour\r\n    account\r\nFrom: a@b.test\r\n\r\nbody\r\n"
+
+    assert Message(raw).subject == "Verify your account"
+
+
+def test_encoded_words_across_folds_join() -> None:
+    raw = b"Subject: =?utf-8?q?V=C3=A9rifiez?=\r\n =?utf-8?q?_votre_compte?=\r\n\r\nx\r\n"
+
+    assert Message(raw).subject == "Vérifiez votre compte"
+
+
+def test_missing_headers_give_empty_values() -> None:
+    message = Message(b"\r\njust a body\r\n")
+
+    assert message.subject == ""
+    assert message.sender == ""
+    assert message.to == []
+    assert message.headers == []
+    assert message.header("From") is None
+    assert message.run_header() is None
+    assert message.text == "just a body\n"
+    assert message.html == ""
+
+
+def test_sender_is_the_addr_spec_even_from_a_sloppy_header() -> None:
+    assert Message(b"From: noreply@app.example.test\r\n\r\n").sender == "noreply@app.example.test"
+    assert Message(b'From: "Team, App" <team@app.example.test>\r\n\r\n').sender == (
+        "team@app.example.test"
+    )
+    assert Message(b"From: broken <foo@bar.test\r\n\r\n").sender == "foo@bar.test"
+    assert Message(b"From: <<<>>>\r\n\r\n").sender == ""
+
+
+def test_html_only_mail_derives_body_text() -> None:
+    html = (
+        "<html><head><title>Ignored title</title><style>p {color: red}</style></head>"
+        "<body><h1>Welcome&nbsp;aboard</h1>\n\n<p>Fish &amp; chips &lt;3</p>"
+        "<script>var code = 999999;</script><div>Your code:   <b>482913</b></div></body></html>"
+    )
+    message = Message(build(html=html))
+
+    assert message.text == ""
+    assert message.html.startswith("<html>")
+    assert message.body_text == "Welcome aboard Fish & chips <3 Your code: 482913"
+    assert message.code() == "482913"
+
+
+def test_text_part_that_is_an_attachment_is_not_the_body() -> None:
+    msg = EmailMessage()
+    msg["Subject"] = "report"
+    msg.set_content("see attached")
+    msg.add_attachment("secret,1234\n", filename="data.csv")
+    message = Message(msg.as_bytes())
+
+    assert message.text == "see attached\n"
+
+
+def test_repr_shows_id_sender_and_subject_but_no_body() -> None:
+    message = Message(build(text=f"token {TOKEN}"), message_id="m-1")
+
+    assert repr(message) == (
+        "<Message m-1 from=noreply@app.example.test subject='Verify your account'>"
+    )
+    assert TOKEN not in repr(message)
+
+
+# -- links -----------------------------------------------------------------------------------
+
+
+def test_links_from_text_strip_trailing_punctuation_and_dedupe() -> None:
+    body = (
+        "Open https://app.example.test/a. Or (see https://help.example.test/faq), "
+        "then https://app.example.test/a again!\n"
+        "Wiki: https://wiki.example.test/Page_(x)) and [docs](https://docs.example.test/x)?\n"
+        "Plain http://old.example.test/p;"
+    )
+    message = plain(body)
+
+    assert message.links() == [
+        "https://app.example.test/a",
+        "https://help.example.test/faq",
+        "https://wiki.example.test/Page_(x)",
+        "https://docs.example.test/x",
+        "http://old.example.test/p",
+    ]
+
+
+def test_links_from_html_unescape_entities_and_follow_text_links() -> None:
+    html = (
+        '<a href="https://app.example.test/v?a=1&amp;b=2">verify</a>'
+        '<a href="https://app.example.test/first">again</a>'
+        '<a href="mailto:help@example.test">mail</a><a href="/relative">rel</a>'
+        "<a href='\n https://cdn.example.test/img \n'>cdn</a><a>no href</a>"
+    )
+    message = Message(build(text="First https://app.example.test/first\n", html=html))
+
+    assert message.links() == [
+        "https://app.example.test/first",
+        "https://app.example.test/v?a=1&b=2",
+        "https://cdn.example.test/img",
+    ]
+
+
+def test_link_by_domain_returns_the_one_link_and_reports_the_secret() -> None:
+    seen: list[tuple[str, str, str | None]] = []
+    body = f"Verify: {VERIFY}\nHelp: https://help.example.test/faq\n"
+    message = Message(build(text=body), message_id="m-1", on_secret=lambda *a: seen.append(a))
+
+    assert message.link("app.example.test") == VERIFY
+    assert message.link("APP.Example.TEST.") == VERIFY
+    assert message.link("app.example.test:443") == VERIFY
+    assert message.link("https://app.example.test/") == VERIFY
+    assert seen[0] == ("link", VERIFY, "app.example.test")
+    assert len(seen) == 4
+
+
+def test_link_matches_hosts_ignoring_port_and_trailing_dot() -> None:
+    message = plain("Go to https://App.Example.Test.:8443/x/y now")
+
+    assert message.link("app.example.test") == "https://App.Example.Test.:8443/x/y"
+
+
+def test_link_none_on_domain_lists_hosts_found() -> None:
+    message = plain("cdn https://cdn.example.test/a.png help https://help.example.test/q")
+
+    with pytest.raises(ExtractionError) as info:
+        message.link("app.example.test")
+
+    assert str(info.value) == (
+        "no link on app.example.test in message m-1; "
+        "hosts found: cdn.example.test, help.example.test"
+    )
+    assert info.value.result["status"] == "ambiguous"
+    assert info.value.result["hosts"] == ["cdn.example.test", "help.example.test"]
+
+
+def test_link_in_message_without_links() -> None:
+    with pytest.raises(ExtractionError, match=r"no link on app\.example\.test .*hosts found: none"):
+        plain("nothing to click").link("app.example.test")
+
+
+def test_link_several_on_domain_redacts_candidates() -> None:
+    other = f"https://app.example.test/reset/{OTHER_TOKEN}?token={OTHER_TOKEN}"
+    message = plain(f"Verify {VERIFY}\nReset {other}\n")
+
+    with pytest.raises(ExtractionError) as info:
+        message.link("app.example.test")
+
+    text = str(info.value)
+    assert text.startswith("2 distinct links on app.example.test in message m-1")
+    assert "https://app.example.test/verify/…?token=…&next=…" in text
+    assert "https://app.example.test/reset/…?token=…" in text
+    assert TOKEN not in text
+    assert OTHER_TOKEN not in text
+    assert info.value.result["candidates"] == 2
+
+
+def test_link_without_domain_needs_exactly_one_link() -> None:
+    assert plain(f"only {VERIFY} here, twice: {VERIFY}").link() == VERIFY
+
+    with pytest.raises(ExtractionError, match=r"^2 distinct links in message m-1") as info:
+        plain(f"{VERIFY} and https://help.example.test/faq").link()
+    assert TOKEN not in str(info.value)
+
+
+def test_link_with_empty_domain_is_an_extraction_error() -> None:
+    with pytest.raises(ExtractionError, match="give a host name"):
+        plain(VERIFY).link("  ")
+
+
+# -- codes -----------------------------------------------------------------------------------
+
+
+def test_code_default_pattern_finds_four_to_eight_digits() -> None:
+    seen: list[tuple[str, str, str | None]] = []
+    message = Message(
+        build(text="Your verification code is 482913.\nPhone 12 or 123456789 ignored.\n"),
+        on_secret=lambda *a: seen.append(a),
+    )
+
+    assert message.code() == "482913"
+    assert seen == [("code", "482913", None)]
+
+
+def test_code_found_in_subject_and_body_counts_once() -> None:
+    message = plain("Use 482913 to sign in.", subject="482913 is your code")
+
+    assert message.code() == "482913"
+
+
+def test_code_found_only_in_subject() -> None:
+    assert plain("See the subject.", subject="Your code: 7311").code() == "7311"
+
+
+def test_code_with_capture_group_pattern() -> None:
+    message = plain("Order 55501 shipped. Your code: 482913. Ref 2026.")
+
+    assert message.code(pattern=r"code: (\d{6})") == "482913"
+
+
+def test_code_several_distinct_values_are_masked() -> None:
+    message = plain("Order 55501 shipped. Your code: 482913. Ref 2026.")
+
+    with pytest.raises(ExtractionError) as info:
+        message.code()
+
+    text = str(info.value)
+    assert text.startswith("3 distinct codes match")
+    assert "••••01, ••••13, ••••26" in text
+    assert 'pattern=r"code: (\\d{6})"' in text
+    for raw in ("55501", "482913", "2026"):
+        assert raw not in text
+    assert info.value.result["candidates"] == 3
+
+
+def test_code_none_names_the_pattern() -> None:
+    with pytest.raises(ExtractionError, match=re.escape(r'no code matching r"code: (\d{6})"')):
+        plain("Your code is 12-34.").code(pattern=r"code: (\d{6})")
+
+
+def test_code_invalid_pattern_is_an_extraction_error() -> None:
+    with pytest.raises(ExtractionError, match=re.escape('code(pattern=r"code: (\\d+")')):
+        plain("code: 123456").code(pattern=r"code: (\d+")
+
+
+def test_code_from_html_only_mail() -> None:
+    message = Message(build(html="<p>Your code is <strong>0042</strong></p>"))
+
+    assert message.code() == "0042"
+
+
+# -- redaction and digests -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "https://app.example.test/verify/8f3a9c?token=abc&next=home",
+            "https://app.example.test/verify/…?token=…&next=…",
+        ),
+        ("https://app.example.test:8443/a/b-c_d/", "https://app.example.test:8443/a/b-c_d/"),
+        ("https://app.example.test/v2/users/42", "https://app.example.test/…/users/…"),
+        ("https://app.example.test/reset#section", "https://app.example.test/reset#section"),
+        ("https://app.example.test/reset#tok=9f8e7d", "https://app.example.test/reset"),
+        ("https://user:pw@app.example.test/login", "https://app.example.test/login"),
+        ("https://app.example.test/?8f3a9c", "https://app.example.test/?…"),
+        ("https://app.example.test/%41bc", "https://app.example.test/…"),
+        (
+            "https://app.example.test/" + "a" * 25 + "/" + "b" * 24,
+            "https://app.example.test/…/" + "b" * 24,
+        ),
+        ("https://app.example.test", "https://app.example.test"),
+        ("https://[::1]:8080/x1", "https://[::1]:8080/…"),
+        ("http://[broken/abc", "…"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+def test_digest_is_sha256_hex_and_last_two_characters() -> None:
+    assert digest("482913") == (hashlib.sha256(b"482913").hexdigest(), "13")
+    assert digest("é") == (hashlib.sha256("é".encode()).hexdigest(), "é")
+    assert digest("") == (hashlib.sha256(b"").hexdigest(), "")
+
+
+# -- malformed mail is flagged, never raised -------------------------------------------------
+
+
+def test_broken_boundary_is_flagged() -> None:
+    raw = (
+        b"Subject: broken\r\nContent-Type: multipart/mixed; boundary=zzz\r\n\r\n"
+        b"--yyy\r\nContent-Type: text/plain\r\n\r\nhttps://app.example.test/x\r\n--yyy--\r\n"
+    )
+    message = Message(raw)
+
+    touch_everything(message)
+    assert "StartBoundaryNotFoundDefect" in message.defects
+    assert message.subject == "broken"
+    assert message.text == ""
+
+
+def test_missing_close_boundary_is_flagged_and_body_kept() -> None:
+    raw = (
+        b"Content-Type: multipart/alternative; boundary=x\r\n\r\n"
+        b"--x\r\nContent-Type: text/plain\r\n\r\ncode 482913\r\n"
+    )
+    message = Message(raw)
+
+    assert "CloseBoundaryNotFoundDefect" in message.defects
+    assert message.code() == "482913"
+
+
+def test_unknown_charset_is_flagged_and_replaced() -> None:
+    raw = (
+        b"Subject: =?x-klingon?q?qapla?=\r\n"
+        b"Content-Type: text/plain; charset=x-klingon\r\n\r\nhello \xff https://app.example.test/k\r\n"
+    )
+    message = Message(raw)
+
+    touch_everything(message)
+    assert "unknown_charset" in message.defects
+    assert message.text == "hello \ufffd https://app.example.test/k\n"
+    assert message.links() == ["https://app.example.test/k"]
+    assert message.subject == "qapla"
+
+
+def test_non_text_codec_charset_is_treated_as_unknown() -> None:
+    raw = b"Content-Type: text/plain; charset=base64\r\n\r\nhello\r\n"
+    message = Message(raw)
+
+    assert message.text == "hello\n"
+    assert "unknown_charset" in message.defects
+
+
+def test_8bit_header_bytes_are_flagged_and_decoded() -> None:
+    raw = (
+        b"From: J\xc3\xa9r\xc3\xb4me <jerome@app.example.test>\r\n"
+        b"Subject: Caf\xc3\xa9 cr\xe8me\r\nTo: \xff\xfe@\r\n\r\nbody\r\n"
+    )
+    message = Message(raw)
+
+    touch_everything(message)
+    assert "8bit_header" in message.defects
+    assert message.subject == "Café crème"
+    assert message.sender == "jerome@app.example.test"
+    assert message.header("From") == "Jérôme <jerome@app.example.test>"
+
+
+def test_bad_base64_is_flagged_and_decoded_as_far_as_possible() -> None:
+    raw = b"Content-Transfer-Encoding: base64\r\n\r\naGVsbG8"
+    message = Message(raw)
+
+    assert message.text == "hello"
+    assert "InvalidBase64PaddingDefect" in message.defects
+
+
+def test_garbage_bytes_do_not_raise() -> None:
+    raw = b"\x00\xff\r\n:::\r\n\r\n<a href='http://[::1'>x</a><!d [x]>\xfe"
+    message = Message(raw)
+
+    touch_everything(message)
+    assert message.links() == []
+
+
+def test_broken_html_keeps_the_text_read_so_far() -> None:
+    html = "<p>code 482913</p><![if !supportLists]><!DOCTYPE [ <p>after"
+    message = Message(build(html=html))
+
+    touch_everything(message)
+    assert "code 482913" in message.body_text
+
+
+def test_parse_error_is_flagged_and_headers_still_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    class FailingParser(BytesParser):
+        def parsebytes(self, text: bytes | bytearray, headersonly: bool = False) -> Any:
+            if not headersonly:
+                raise RecursionError("maximum recursion depth exceeded")
+            return super().parsebytes(text, headersonly=True)
+
+    monkeypatch.setattr(message_module, "BytesParser", FailingParser)
+    message = Message(build(text="code 482913", subject="Still here"))
+
+    touch_everything(message)
+    assert message.defects == ["parse_error"]
+    assert message.subject == "Still here"
+    assert message.sender == "noreply@app.example.test"
+
+
+def test_values_returned_are_copies() -> None:
+    message = plain(VERIFY)
+    message.to.append("intruder@evil.test")
+    message.links().clear()
+    message.defects.append("x")
+    message.headers.clear()
+
+    assert message.to == ["user@mail.test"]
+    assert message.links() == [VERIFY]
+    assert message.defects == []
+    assert message.header("Subject") == "Hello"
+
+
+def test_two_thousand_parts() -> None:
+    parts = [b"Subject: many\r\nContent-Type: multipart/mixed; boundary=BB\r\n\r\n"]
+    parts += [b"--BB\r\nContent-Type: text/plain\r\n\r\npart %d\r\n" % i for i in range(2000)]
+    parts.append(b"--BB--\r\n")
+    message = Message(b"".join(parts))
+
+    touch_everything(message)
+    assert message.text == "part 0"
+    assert message.defects == []
+
+
+def test_two_hundred_levels_of_nesting() -> None:
+    depth = 200
+    head = b"".join(
+        b"Content-Type: multipart/mixed; boundary=b%d\r\n\r\n--b%d\r\n" % (i, i)
+        for i in range(depth)
+    )
+    tail = b"".join(b"--b%d--\r\n" % i for i in reversed(range(depth)))
+    raw = b"Subject: deep\r\n" + head + b"Content-Type: text/plain\r\n\r\ndeep 482913\r\n" + tail
+    message = Message(raw)
+
+    touch_everything(message)
+    assert message.text == "deep 482913"
+    assert message.code() == "482913"
+
+
+# -- fuzzing ---------------------------------------------------------------------------------
+
+MAIL_FRAGMENTS = [
+    b"Subject: ",
+    b"From: ",
+    b"To: ",
+    b"X-Run-Id: ",
+    b"Content-Type: multipart/mixed; boundary=x\r\n",
+    b'Content-Type: multipart/alternative; boundary="x"\r\n',
+    b"Content-Type: text/html; charset=utf-8\r\n",
+    b"Content-Type: text/plain; charset=x-bogus\r\n",
+    b"Content-Type: message/rfc822\r\n",
+    b"Content-Transfer-Encoding: base64\r\n",
+    b"Content-Transfer-Encoding: quoted-printable\r\n",
+    b"Content-Disposition: attachment; filename*=utf-8''%ff\r\n",
+    b"--x\r\n",
+    b"--x--\r\n",
+    b"\r\n",
+    b" \r\n\t",
+    b"=?utf-8?q?=C3=A9?=",
+    b"=?bogus?b?!!?=",
+    b"<a href='https://app.example.test/v?t=1&amp;x'>",
+    b"https://app.example.test/x).",
+    b"http://[::1",
+    b"<!DOCTYPE [",
+    b"\xff\xfe\xc3",
+    b"482913",
+    b"a@b.test",
+    b"<",
+    b">",
+]
+
+mail_bytes = st.one_of(
+    st.binary(max_size=600),
+    st.lists(st.one_of(st.sampled_from(MAIL_FRAGMENTS), st.binary(max_size=8)), max_size=60).map(
+        b"".join
+    ),
+)
+
+
+@FUZZ
+@given(raw=mail_bytes)
+def test_fuzz_any_bytes_never_raise(raw: bytes) -> None:
+    message = Message(raw, message_id="fuzz")
+
+    touch_everything(message)
+    assert message.raw == raw
+    assert message.defects == sorted(set(message.defects))
+
+
+TEXT_FRAGMENTS = [
+    "https://app.example.test/verify/abc?token=XYZ",
+    "https://help.example.test/",
+    "http://[::1",
+    "https://",
+    '<a href="https://app.example.test/h">',
+    "code: 482913",
+    "123456",
+    "0000",
+    ")",
+    ".",
+    "&amp;",
+    "\n",
+]
+
+bodies = st.lists(
+    st.one_of(st.sampled_from(TEXT_FRAGMENTS), st.text(max_size=12)), max_size=20
+).map("".join)
+
+
+@FUZZ
+@given(body=bodies, html=st.booleans(), domain=st.one_of(st.none(), st.text(max_size=20)))
+def test_fuzz_extraction_raises_only_extraction_error(
+    body: str, html: bool, domain: str | None
+) -> None:
+    content_type = b"text/html" if html else b"text/plain"
+    raw = (
+        b"Subject: fuzz\r\nContent-Type: " + content_type + b"; charset=utf-8\r\n\r\n"
+    ) + body.encode("utf-8", "surrogatepass")
+    message = Message(raw, message_id="fuzz")
+
+    outcomes: list[str | ExtractionError] = []
+    extractors: list[Callable[[], str]] = [
+        message.code,
+        lambda: message.code(r"code: (\d+)"),
+        message.link,
+        lambda: message.link("app.example.test"),
+        lambda: message.link(domain),
+    ]
+    for extract in extractors:
+        try:
+            outcomes.append(extract())
+        except ExtractionError as exc:
+            outcomes.append(exc)
+
+    assert len(outcomes) == 5
+    for outcome in outcomes:
+        if isinstance(outcome, ExtractionError):
+            assert str(outcome)
+        else:
+            assert outcome in message.links() or outcome in message.body_text + message.subject

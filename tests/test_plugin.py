@@ -1,0 +1,440 @@
+"""The plugin as a user meets it: fixtures, marker, options, receipts, under -n 0 and -n 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_mailbox.contract import Receipt
+from pytest_mailbox.receipts import main as receipts_main
+from pytest_mailbox.receipts import read_receipts
+
+SENDER_CONFTEST = """
+import smtplib
+from email.message import EmailMessage
+
+import pytest
+
+
+@pytest.fixture
+def send(mailbox_server):
+    def send(to, subject="Verify your account", body="", headers=None):
+        msg = EmailMessage()
+        msg["From"] = "noreply@app.example.test"
+        msg["To"] = to
+        msg["Subject"] = subject
+        for name, value in (headers or {}).items():
+            msg[name] = value
+        msg.set_content(body or "Welcome. Open https://app.example.test/verify?token=s3cr3t-t0ken-value")
+        with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+            smtp.send_message(msg)
+    return send
+"""
+
+USER_SUITE = """
+import pytest
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=60, lease=30)
+@pytest.mark.parametrize("n", range(4))
+def test_signup(isolated_mailbox, send, request, n):
+    isolated_mailbox.checkpoint()
+    send(isolated_mailbox.address, headers={"X-Run-Id": isolated_mailbox.run_id})
+    msg = isolated_mailbox.wait_for(subject_contains="Verify")
+    assert msg.link(domain="app.example.test").startswith("https://app.example.test/verify")
+    msg.ack()
+    request.node.user_properties.append(
+        ("expected", f"{isolated_mailbox.run_id} {msg.message_id}")
+    )
+
+
+def test_reset(isolated_mailbox, send, request):
+    send(isolated_mailbox.address, subject="Reset your password")
+    msg = isolated_mailbox.wait_for(subject="Reset your password")
+    request.node.user_properties.append(
+        ("expected", f"{isolated_mailbox.run_id} {msg.message_id}")
+    )
+"""
+
+
+def _junit_cases(path: Path) -> dict[str, tuple[dict[str, str], list[Receipt]]]:
+    """{test name: (properties, receipts)} from a JUnit XML file."""
+    cases = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+        receipts = [
+            Receipt.model_validate_json(p.get("value", ""))
+            for p in case.iter("property")
+            if p.get("name") == "mailbox.receipt"
+        ]
+        cases[case.get("name", "")] = (props, receipts)
+    return cases
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, workers: str) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_suite=USER_SUITE)
+    result = pytester.runpytest(
+        "-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=out/receipts.jsonl"
+    )
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(
+        ["mailbox: 5 reserved, 5 received, 5 claimed, 5 consumed, 0 expired, 0 unrouted"]
+    )
+    cases = _junit_cases(pytester.path / "junit.xml")
+    assert len(cases) == 5
+    for props, receipts in cases.values():
+        (receipt,) = receipts
+        run_id, message_id = props["expected"].split()
+        assert receipt.run_id == run_id
+        assert [m.message_id for m in receipt.messages] == [message_id]
+        assert receipt.messages[0].state == "consumed"
+        assert receipt.close_reason == "released_success"
+        assert receipt.state == "released"
+    lines = (pytester.path / "out" / "receipts.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["run_id"] for line in lines) == sorted(
+        r.run_id for _, rs in cases.values() for r in rs
+    )
+
+
+def test_without_xdist(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_suite=USER_SUITE)
+    result = pytester.runpytest("-p", "no:xdist", "--junitxml=junit.xml")
+    result.assert_outcomes(passed=5)
+    assert all(len(rs) == 1 for _, rs in _junit_cases(pytester.path / "junit.xml").values())
+
+
+def test_failed_test_gets_a_mailbox_section_and_error_close(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_app_rejects_link(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for(subject_contains="Verify")
+            assert False, "the app rejected the link"
+        """
+    )
+    result = pytester.runpytest("--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*- mailbox -*",
+            "mailbox mail-*@mailbox.test (mbx-*, run r-*, purpose mail): claimed",
+            "*reserved*mail-*@mailbox.test fence *",
+            "*received*m-*",
+            "*waiting*subject_contains='Verify'",
+            "*claimed*m-* fence *",
+        ]
+    )
+    ((_, (receipt,)),) = _junit_cases(pytester.path / "junit.xml").values()
+    assert receipt.close_reason == "released_error"
+    assert receipt.messages[0].state == "waiting"  # the claim was given back, not consumed
+
+
+def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_mailbox import MailboxClosed
+
+        @pytest.mark.email_contract(ttl=1, lease=1)
+        def test_slow(isolated_mailbox):
+            with pytest.raises(MailboxClosed) as info:
+                isolated_mailbox.expect_none(within=30)
+            assert info.value.status.value == "expired"
+            assert info.value.result["mailbox_id"] == isolated_mailbox.mailbox_id
+        """
+    )
+    result = pytester.runpytest("--junitxml=junit.xml")
+    result.assert_outcomes(passed=1)
+    ((_, (receipt,)),) = _junit_cases(pytester.path / "junit.xml").values()
+    assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        (
+            "ttl=-1",
+            "email_contract: ttl=-1 is invalid: Input should be greater than 0 "
+            "(allowed: whole seconds, 1..mailbox_ttl_max)",
+        ),
+        (
+            "tll=5",
+            "email_contract: unknown field 'tll'; allowed fields: purpose, ttl, lease, "
+            "timeout, max_reads, max_resends, mode, link_domains, run_header",
+        ),
+        (
+            "mode='fast'",
+            "email_contract: mode='fast' is invalid: Input should be 'live' or 'dry-run' "
+            "(allowed: 'live' or 'dry-run')",
+        ),
+        (
+            "ttl=7200",
+            "email_contract: ttl=7200 exceeds mailbox_ttl_max=3600; "
+            "lower ttl or raise mailbox_ttl_max in pytest.ini",
+        ),
+        (
+            "ttl=10, lease=20",
+            "email_contract: lease=20 exceeds ttl=10; a claim cannot outlive its mailbox, "
+            "lower lease or raise ttl",
+        ),
+        (
+            "'signup'",
+            "email_contract takes keyword arguments only, "
+            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+        ),
+    ],
+)
+def test_bad_marker_fails_at_setup(pytester: pytest.Pytester, marker: str, expected: str) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.email_contract({marker})
+        def test_it(isolated_mailbox):
+            raise AssertionError("never runs")
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([expected])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    result.stdout.no_fnmatch_line("*never runs*")
+
+
+def test_marker_overlays_ini_defaults(pytester: pytest.Pytester) -> None:
+    pytester.makeini(
+        """
+        [pytest]
+        mailbox_purpose = login
+        mailbox_ttl = 90
+        mailbox_lease = 15
+        mailbox_link_domains = app.example.test
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_defaults(email_contract, isolated_mailbox):
+            assert (email_contract.purpose, email_contract.ttl, email_contract.lease) == (
+                "login", 90, 15.0)
+            assert email_contract.link_domains == ("app.example.test",)
+            assert isolated_mailbox.address.startswith("login-")
+
+        @pytest.mark.email_contract(purpose="reset", lease=5)
+        def test_overlay(email_contract):
+            assert (email_contract.purpose, email_contract.ttl, email_contract.lease) == (
+                "reset", 90, 5.0)
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "env", "expected"),
+    [
+        (
+            ["--mailbox-port=abc"],
+            "",
+            {},
+            "pytest-mailbox: --mailbox-port='abc' is invalid; allowed: an integer 0..65535",
+        ),
+        (
+            [],
+            "mailbox_ttl_max = 0",
+            {},
+            "pytest-mailbox: ini mailbox_ttl_max='0' is invalid; allowed: an integer 1..86400",
+        ),
+        (
+            [],
+            "",
+            {"PYTEST_MAILBOX_MODE": "yolo"},
+            "pytest-mailbox: PYTEST_MAILBOX_MODE='yolo' is invalid; allowed: 'live' or 'dry-run'",
+        ),
+        (
+            [],
+            "mailbox_ttl = 30",
+            {},
+            "pytest-mailbox: ini: lease=60 exceeds ttl=30; a claim cannot outlive its mailbox*",
+        ),
+        (
+            ["--mailbox-purpose=Sign Up"],
+            "",
+            {},
+            "pytest-mailbox: ini: purpose='Sign Up' is invalid: String should match pattern*",
+        ),
+    ],
+)
+def test_bad_option_is_a_usage_error(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    ini: str,
+    env: dict[str, str],
+    expected: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_it(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}"])
+
+
+def test_cli_beats_env_beats_ini(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_MAILBOX_DOMAIN", "env.test")
+    pytester.makeini("[pytest]\nmailbox_domain = ini.test\nmailbox_ttl = 42\nmailbox_lease = 7\n")
+    pytester.makepyfile(
+        """
+        def test_it(isolated_mailbox, email_contract):
+            assert isolated_mailbox.domain == "cli.test"
+            assert email_contract.ttl == 42
+        """
+    )
+    pytester.runpytest("--mailbox-domain=CLI.test.").assert_outcomes(passed=1)
+    pytester.makepyfile(
+        """
+        def test_it(isolated_mailbox):
+            assert isolated_mailbox.domain == "env.test"
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mailbox: env.test on 127.0.0.1:a free port per worker*"])
+
+
+def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_it(mailbox_server):
+            assert mailbox_server.host == "127.0.0.1"
+            assert mailbox_server.port > 0
+            assert mailbox_server.smtp_url == f"smtp://127.0.0.1:{mailbox_server.port}"
+            django = mailbox_server.settings["django"]
+            assert django["EMAIL_HOST"] == "127.0.0.1"
+            assert django["EMAIL_PORT"] == mailbox_server.port
+            flask = mailbox_server.settings["flask"]
+            assert (flask["MAIL_SERVER"], flask["MAIL_PORT"]) == ("127.0.0.1", mailbox_server.port)
+            assert mailbox_server.settings["env"]["SMTP_PORT"] == str(mailbox_server.port)
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+SECRET_SUITE = """
+import logging
+import smtplib
+from email.message import EmailMessage
+from pathlib import Path
+
+CODE = "482913"
+TOKEN = "Zq8vT4nW2xKp9LmR"
+
+
+def _send(server, to):
+    msg = EmailMessage()
+    msg["From"] = "noreply@app.example.test"
+    msg["To"] = to
+    msg["Subject"] = f"Your code is {CODE}"
+    msg.set_content(f"Code {CODE}. Link https://app.example.test/verify?token={TOKEN}")
+    msg.add_alternative(f'<a href="https://app.example.test/verify?token={TOKEN}">go</a>',
+                        subtype="html")
+    with smtplib.SMTP(server.host, server.port) as smtp:
+        smtp.set_debuglevel(0)
+        smtp.send_message(msg)
+
+
+def test_extracts(isolated_mailbox, mailbox_server):
+    _send(mailbox_server, isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject_contains="Your code")
+    assert msg.code(pattern=r"Code (\\d{6})") == CODE
+    assert msg.link(domain="app.example.test").endswith(TOKEN)
+    logging.getLogger("app").debug("verified %s", isolated_mailbox.address)
+
+
+def test_fails_after_extracting(isolated_mailbox, mailbox_server):
+    _send(mailbox_server, isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject_contains="Your code")
+    msg.code(pattern=r"Code (\\d{6})")
+    msg.link(domain="app.example.test")
+    raise AssertionError("the app rejected the verification")
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_no_secret_reaches_any_output(pytester: pytest.Pytester, workers: str) -> None:
+    pytester.makepyfile(test_secrets=SECRET_SUITE)
+    result = pytester.runpytest(
+        "-n", workers, "-rA", "--log-level=DEBUG", "-o", "log_cli=true",
+        "--log-cli-level=DEBUG", "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the app rejected the verification*", "*- mailbox -*"])
+    outputs = {
+        "terminal": "\n".join(result.outlines + result.errlines),
+        "junit": (pytester.path / "junit.xml").read_text(),
+        "jsonl": (pytester.path / "receipts.jsonl").read_text(),
+    }
+    for name, text in outputs.items():
+        assert "482913" not in text, name
+        assert "Zq8vT4nW2xKp9LmR" not in text, name
+    receipts = read_receipts(pytester.path / "receipts.jsonl")
+    assert len(receipts) == 2
+    for receipt in receipts:
+        (message,) = receipt.messages
+        assert message.subject == "Your code is ••••13"
+        kinds = {s.kind: s for s in message.secrets}
+        assert kinds["code"].last2 == "13"
+        assert kinds["link"].last2 == "mR"
+        assert kinds["link"].host == "app.example.test"
+        assert len(kinds["code"].sha256) == 64
+
+
+def test_receipts_cli_prints_a_table(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_suite=USER_SUITE)
+    pytester.runpytest("--junitxml=junit.xml").assert_outcomes(passed=5)
+    junit = pytester.path / "junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", "receipts", str(junit)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == [
+        "test", "run_id", "address", "state", "close_reason", "msgs", "consumed"
+    ]  # fmt: skip
+    assert lines[-1] == "5 receipt(s)"
+    assert sum("test_suite.py::test_signup[" in line for line in lines) == 4
+    assert all("released_success" in line for line in lines[2:-1])
+
+
+def test_receipts_cli_filters_and_timelines(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_suite=USER_SUITE)
+    pytester.runpytest("--mailbox-receipts=r.jsonl").assert_outcomes(passed=5)
+    capsys.readouterr()
+    assert receipts_main(["receipts", str(pytester.path / "r.jsonl"), "--test", "reset",
+                          "--state", "released", "--timeline"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.endswith("1 receipt(s)\n")
+    assert "test_suite.py::test_reset" in out
+    assert "consumed" in out
+    assert "test_signup" not in out
+    with pytest.raises(SystemExit):
+        receipts_main(["receipts", str(pytester.path / "missing.xml")])
