@@ -13,6 +13,7 @@ import pytest
 from pytest_mailbox.contract import Receipt
 from pytest_mailbox.receipts import main as receipts_main
 from pytest_mailbox.receipts import read_receipts
+from pytest_mailbox.settings import options_table
 
 SENDER_CONFTEST = """
 import smtplib
@@ -438,3 +439,11 @@ def test_receipts_cli_filters_and_timelines(
     assert "test_signup" not in out
     with pytest.raises(SystemExit):
         receipts_main(["receipts", str(pytester.path / "missing.xml")])
+
+
+def test_configuration_reference_is_current() -> None:
+    """docs/configuration.md embeds the table generated from the option definitions."""
+    text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    start = text.index("-->\n", text.index("<!-- options-table")) + len("-->\n")
+    end = text.index("<!-- /options-table -->")
+    assert text[start:end].strip() == options_table()

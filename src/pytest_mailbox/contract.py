@@ -87,17 +87,17 @@ class EmailContract(BaseModel):
     def _lower_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(d.strip().lower().rstrip(".") for d in value if d.strip())
 
-    def check_limits(self, *, ttl_max: int) -> None:
+    def check_limits(self, *, ttl_max: int, source: str = "email_contract") -> None:
         """Refuse values that are valid alone but break the configured limits."""
         if self.ttl > ttl_max:
             msg = (
-                f"email_contract: ttl={self.ttl} exceeds mailbox_ttl_max={ttl_max}; "
+                f"{source}: ttl={self.ttl} exceeds mailbox_ttl_max={ttl_max}; "
                 "lower ttl or raise mailbox_ttl_max in pytest.ini"
             )
             raise ValueError(msg)
         if self.lease > self.ttl:
             msg = (
-                f"email_contract: lease={self.lease:g} exceeds ttl={self.ttl}; "
+                f"{source}: lease={self.lease:g} exceeds ttl={self.ttl}; "
                 "a claim cannot outlive its mailbox, lower lease or raise ttl"
             )
             raise ValueError(msg)

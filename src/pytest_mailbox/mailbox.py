@@ -280,6 +280,8 @@ class Mailbox:
 
     def _sleep(self, generation: int, version: int, remaining: float) -> None:
         """Sleep until this process's sink commits, another process commits, or time is up."""
+        # Wake at the mailbox's expiry too, so the next scan reports it at once.
+        remaining = min(remaining, self._row.expires_at - self.store.clock())
         deadline = time.monotonic() + remaining
         while True:
             left = deadline - time.monotonic()

@@ -123,12 +123,12 @@ def email_contract(request: pytest.FixtureRequest) -> EmailContract:
         contract = EmailContract(**values)
         contract.check_limits(ttl_max=settings.ttl_max)
     except ValidationError as exc:
-        pytest.fail(
-            describe_validation_error("email_contract", exc, CONTRACT_FIELDS), pytrace=False
-        )
+        problem = describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
     except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    return contract
+        problem = str(exc)
+    else:
+        return contract
+    pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from pytest_mailbox.contract import CONTRACT_FIELDS, EmailContract, describe_validation_error
 from pytest_mailbox.sink import normalize_domain
 
-__all__ = ["OPTIONS", "Option", "Settings"]
+__all__ = ["OPTIONS", "Option", "Settings", "options_table"]
 
 
 def _int(low: int, high: int) -> Callable[[str], int]:
@@ -216,7 +216,7 @@ class Settings:
             contract = EmailContract(**contract_values)
         except ValidationError as exc:
             raise ValueError(describe_validation_error("ini", exc, CONTRACT_FIELDS)) from None
-        contract.check_limits(ttl_max=values["ttl_max"])
+        contract.check_limits(ttl_max=values["ttl_max"], source="ini")
         return cls(
             domain=values["domain"],
             allowed_domains=tuple(dict.fromkeys((values["domain"], *values["allowed_domains"]))),
@@ -227,3 +227,16 @@ class Settings:
             receipts=Path(values["receipts"]) if values["receipts"] else None,
             contract=contract,
         )
+
+
+def options_table() -> str:
+    """The configuration reference as a Markdown table (docs/configuration.md embeds it)."""
+    rows = [
+        "| option | ini key | environment | default | allowed | what it does |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows.extend(
+        f"| `{o.flag}` | `{o.ini}` | `{o.env}` | `{o.default or '-'}` | {o.allowed} | {o.help} |"
+        for o in OPTIONS
+    )
+    return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""The docs' examples are tests: `make test` runs every file here."""
