@@ -98,6 +98,8 @@ def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, worke
         assert receipt.messages[0].state == "consumed"
         assert receipt.close_reason == "released_success"
         assert receipt.state == "released"
+    # one pytest run: every receipt, whichever worker wrote it, names the same testrun
+    assert len({r.testrun_uid for _, rs in cases.values() for r in rs}) == 1
     lines = (pytester.path / "out" / "receipts.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["run_id"] for line in lines) == sorted(
         r.run_id for _, rs in cases.values() for r in rs

@@ -219,6 +219,7 @@ class Receipt(BaseModel):
 
     version: int = 1
     run_id: str
+    testrun_uid: str | None = None
     nodeid: str
     mailbox_id: str
     address: str

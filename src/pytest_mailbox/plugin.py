@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from pytest_mailbox.contract import dump_receipt as _dump_receipt
 from pytest_mailbox.mailbox import Mailbox
 from pytest_mailbox.receipts import RECEIPT_PROPERTY
 from pytest_mailbox.settings import OPTIONS, Settings
-from pytest_mailbox.sink import MailSink, Signal
+from pytest_mailbox.sink import MailSink, Signal, SinkError, SmtpEndpoint
 from pytest_mailbox.store import Store
 
 STORE_NAME = "pytest-mailbox.sqlite3"
@@ -23,6 +24,9 @@ _store_path_key = pytest.StashKey[Path]()
 _signal_key = pytest.StashKey[Signal]()
 _mailboxes_key = pytest.StashKey[list[Mailbox]]()
 _failed_key = pytest.StashKey[bool]()
+_fixed_sink_key = pytest.StashKey[MailSink]()
+_stats_key = pytest.StashKey[dict[str, int]]()
+_testrun_key = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,6 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-mailbox: {exc}") from None
     config.stash[_settings_key] = settings
     config.stash[_signal_key] = Signal()
+    # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
+    workerinput: dict[str, str] = getattr(config, "workerinput", {})
+    config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
     if settings.receipts is not None and not _is_worker(config):
         config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
 
@@ -68,10 +75,77 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _worker_name(config: pytest.Config) -> str:
+    workerinput: dict[str, str] = getattr(config, "workerinput", {})
+    return workerinput.get("workerid", "main")
+
+
 def store_path(config: pytest.Config, factory: pytest.TempPathFactory) -> Path:
     """One store per pytest run: the controller's basetemp, shared by every xdist worker."""
     base = factory.getbasetemp()
     return (base.parent if _is_worker(config) else base) / STORE_NAME
+
+
+def _new_sink(config: pytest.Config, store: Store, port: int) -> MailSink:
+    settings = config.stash[_settings_key]
+    return MailSink(
+        store,
+        domains=settings.allowed_domains,
+        host=settings.host,
+        port=port,
+        max_message_size=settings.max_message_size,
+        signal=config.stash[_signal_key],
+        name=_worker_name(config),
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fixed-port mode: the process that outlives every test serves the port for the run.
+
+    That is the xdist controller (or the only process), so a worker that finishes early
+    never takes the port, or mail in flight, with it.
+    """
+    config = session.config
+    settings = config.stash[_settings_key]
+    if settings.port == 0 or _is_worker(config):
+        return
+    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+    path = store_path(config, factory)
+    config.stash[_store_path_key] = path
+    sink = _new_sink(config, Store(path), settings.port)
+    try:
+        sink.start()
+    except SinkError as exc:
+        sink.store.close()
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_fixed_sink_key] = sink
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every test is over: stop the fixed-port sink, expire what a dead worker left open."""
+    config = session.config
+    sink = config.stash.get(_fixed_sink_key, None)
+    if sink is not None:
+        sink.stop()
+        sink.store.close()
+    if _is_worker(config):
+        return
+    path = config.stash.get(_store_path_key, None)
+    if path is None and getattr(config.option, "dist", "no") != "no":
+        # xdist created the basetemp that its workers share; their store lives there.
+        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+        path = store_path(config, factory)
+    if path is None or not path.exists():
+        return
+    store = Store(path)
+    try:
+        store.close_orphans()
+        store.reconcile()
+        config.stash[_stats_key] = store.stats()
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="session")
@@ -89,19 +163,17 @@ def mailbox_store(
 
 
 @pytest.fixture(scope="session")
-def mailbox_server(pytestconfig: pytest.Config, mailbox_store: Store) -> Iterator[MailSink]:
-    """The session's SMTP sink: ``host``, ``port``, ``smtp_url`` and framework ``settings``."""
-    settings = pytestconfig.stash[_settings_key]
-    sink = MailSink(
-        mailbox_store,
-        domains=settings.allowed_domains,
-        host=settings.host,
-        port=settings.port,
-        max_message_size=settings.max_message_size,
-        reuse_port=settings.port != 0,
-        signal=pytestconfig.stash[_signal_key],
-    )
-    with sink:
+def mailbox_server(pytestconfig: pytest.Config, mailbox_store: Store) -> Iterator[SmtpEndpoint]:
+    """The SMTP endpoint for the app under test: ``host``, ``port``, ``smtp_url``, ``settings``.
+
+    A sink per worker on a free port; with ``--mailbox-port``, the one sink serving that port.
+    """
+    port = pytestconfig.stash[_settings_key].port
+    if port:
+        fixed = pytestconfig.stash.get(_fixed_sink_key, None)
+        yield fixed or SmtpEndpoint(pytestconfig.stash[_settings_key].host, port)
+        return
+    with _new_sink(pytestconfig, mailbox_store, 0) as sink:
         yield sink
 
 
@@ -150,7 +222,9 @@ def isolated_mailbox(
     item = request.node
     item.stash.setdefault(_mailboxes_key, []).append(mailbox)
     yield mailbox
-    receipt = mailbox.close(success=not item.stash.get(_failed_key, False))
+    receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
+        update={"testrun_uid": request.config.stash[_testrun_key]}
+    )
     item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
 
 
@@ -189,25 +263,6 @@ def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
     """One line on the controller: what the run's mailboxes saw."""
-    if _is_worker(config):
-        return
-    path = config.stash.get(_store_path_key, None)
-    if path is None and getattr(config.option, "dist", "no") != "no":
-        # xdist created the basetemp that its workers share; their store lives there.
-        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-        path = store_path(config, factory)
-    if path is None or not path.exists():
-        return
-    store = Store(path)
-    try:
-        store.reconcile()
-        counts = store.stats()
-    finally:
-        store.close()
-    terminalreporter.write_line(
-        "mailbox: "
-        + ", ".join(
-            f"{counts[k]} {k}"
-            for k in ("reserved", "received", "claimed", "consumed", "expired", "unrouted")
-        )
-    )
+    counts = config.stash.get(_stats_key, None)
+    if counts is not None:
+        terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))

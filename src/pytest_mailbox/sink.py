@@ -17,7 +17,14 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from pytest_mailbox.message import Message
 from pytest_mailbox.store import Delivery, Store
 
-__all__ = ["MailSink", "Signal", "SinkError", "normalize_domain", "split_address"]
+__all__ = [
+    "MailSink",
+    "Signal",
+    "SinkError",
+    "SmtpEndpoint",
+    "normalize_domain",
+    "split_address",
+]
 
 log = logging.getLogger("pytest_mailbox.sink")
 
@@ -133,35 +140,15 @@ class _Protocol(SMTP):
         super().connection_lost(exc)
 
 
-class MailSink:
-    """A real SMTP server in a thread; every accepted message is committed to ``store``."""
+class SmtpEndpoint:
+    """Where the app under test sends mail: host, port and ready-made framework settings."""
 
-    def __init__(
-        self,
-        store: Store,
-        *,
-        domains: Iterable[str],
-        host: str = "127.0.0.1",
-        port: int = 0,
-        max_message_size: int = 10 * 1024 * 1024,
-        hostname: str = "pytest-mailbox.test",
-        reuse_port: bool = False,
-        signal: Signal | None = None,
-    ) -> None:
-        self.store = store
-        self.domains = frozenset(normalize_domain(d) for d in domains)
+    def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
-        self.max_message_size = max_message_size
-        self.hostname = hostname
-        self.reuse_port = reuse_port
-        self.signal = signal or Signal()
-        self._transports: set[asyncio.Transport] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mailbox-store")
-        self._log_filter = _NoContent()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.smtp_url}>"
 
     @property
     def smtp_url(self) -> str:
@@ -193,6 +180,36 @@ class MailSink:
             },
         }
 
+
+class MailSink(SmtpEndpoint):
+    """A real SMTP server in a thread; every accepted message is committed to ``store``."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        domains: Iterable[str],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_message_size: int = 10 * 1024 * 1024,
+        hostname: str = "pytest-mailbox.test",
+        signal: Signal | None = None,
+        name: str = "main",
+    ) -> None:
+        super().__init__(host, port)
+        self.store = store
+        self.name = name
+        self.domains = frozenset(normalize_domain(d) for d in domains)
+        self.max_message_size = max_message_size
+        self.hostname = hostname
+        self.signal = signal or Signal()
+        self._transports: set[asyncio.Transport] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mailbox-store")
+        self._log_filter = _NoContent()
+
     def accept(self, mail_from: str | None, deliveries: list[Delivery], raw: bytes) -> list[str]:
         """Parse, commit, then wake waiters: a message is visible only once it is stored."""
         parsed = Message(raw)
@@ -203,6 +220,7 @@ class MailSink:
             subject=parsed.subject,
             run_header=parsed.run_header(),
             defects=parsed.defects,
+            sink=self.name,
         )
         self.signal.notify()
         return ids
@@ -211,8 +229,6 @@ class MailSink:
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.reuse_port and hasattr(socket, "SO_REUSEPORT"):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.host, self.port))
             sock.listen(128)
         except OSError as exc:

@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS messages (
     subject TEXT NOT NULL,
     run_header TEXT,
     defects TEXT NOT NULL DEFAULT '',
+    sink TEXT NOT NULL DEFAULT '',
     state TEXT NOT NULL DEFAULT 'waiting',
     fence INTEGER,
     holder TEXT,
@@ -149,6 +150,7 @@ class MessageRow:
     subject: str
     run_header: str | None
     defects: str
+    sink: str
     state: str
     fence: int | None
     holder: str | None
@@ -304,17 +306,24 @@ class Store:
             return self.mailbox(mailbox_id)
         return found
 
-    def mark(self, mailbox_id: str, fence: int, status: Status, detail: str = "") -> None:
-        """Record a step of an open mailbox's life (``waiting`` and the like)."""
+    def mark(self, mailbox_id: str, fence: int, status: Status, detail: str = "") -> Outcome | None:
+        """Record a step of an open mailbox's life (``waiting`` and the like).
+
+        None if recorded; the refusal if the mailbox is not open under ``fence`` (a closed
+        reservation is never reopened).
+        """
         now = self.clock()
         with self._write() as tx:
-            self._open_mailbox(tx, mailbox_id, fence, now)
+            refused = self._open_mailbox(tx, mailbox_id, fence, now)
+            if refused is not None:
+                return refused
             if status in (Status.WAITING, Status.CLAIMED, Status.CONSUMED):
                 tx.run(
                     "UPDATE mailboxes SET state = ? WHERE mailbox_id = ?",
                     (status.value, mailbox_id),
                 )
             tx.event(mailbox_id, now, status, detail)
+        return None
 
     def release(self, mailbox_id: str, fence: int, reason: CloseReason) -> Outcome:
         """End a reservation; live claims it holds are released with it."""
@@ -364,6 +373,7 @@ class Store:
         subject: str,
         run_header: str | None,
         defects: Sequence[str] = (),
+        sink: str = "",
     ) -> list[str]:
         """Commit one accepted message: one body, one row per recipient; returns message ids."""
         now = self.clock()
@@ -379,8 +389,8 @@ class Store:
                 message_id = f"m-{secrets.token_hex(6)}"
                 tx.run(
                     "INSERT INTO messages (message_id, mailbox_id, body_id, rcpt, alias, tag,"
-                    " domain, mail_from, received_at, size, subject, run_header, defects)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " domain, mail_from, received_at, size, subject, run_header, defects, sink)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
                         message_id,
                         mailbox_id,
@@ -395,6 +405,7 @@ class Store:
                         subject,
                         run_header,
                         ",".join(defects),
+                        sink,
                     ),
                 )
                 if mailbox_id is not None:
@@ -608,6 +619,26 @@ class Store:
                 leases += 1
         return {"mailboxes": mailboxes, "leases": leases}
 
+    def close_orphans(self) -> int:
+        """At the very end of a run: expire every mailbox still open (its worker died).
+
+        Only the process that outlives every test (the xdist controller, or the single
+        process) calls this, when no test can still hold a mailbox.
+        """
+        now = self.clock()
+        with self._write() as tx:
+            orphans = tx.all(
+                f"SELECT mailbox_id FROM mailboxes WHERE state IN ({_marks(ACTIVE)})", ACTIVE
+            )
+            tx.run(
+                f"UPDATE mailboxes SET expires_at = ? WHERE state IN ({_marks(ACTIVE)})",
+                (now, *ACTIVE),
+            )
+            for row in orphans:
+                tx.event(row["mailbox_id"], now, "orphaned", "the run ended with the mailbox open")
+            self._expire_mailboxes(tx, now)
+        return len(orphans)
+
     def stats(self) -> dict[str, int]:
         """Counts for the terminal summary."""
         conn = self._conn()
@@ -668,6 +699,18 @@ class Store:
         if row is None or row["mailbox_id"] is None:
             return Outcome(Status.POLICY_DENIED, message_id, detail="unknown message id")
         msg = _message(row)
+        # A closed reservation refuses everything with its own state, before any claim check
+        # (release() ends its claims as 'released', which must not read as a stale fence).
+        mailbox = tx.one(
+            "SELECT state, close_reason FROM mailboxes WHERE mailbox_id = ?", (msg.mailbox_id,)
+        )
+        if mailbox is not None and mailbox["state"] not in ACTIVE:
+            return Outcome(
+                Status(mailbox["state"]),
+                message_id,
+                fence=fence,
+                detail=mailbox["close_reason"] or "",
+            )
         claim = tx.one(
             "SELECT * FROM claims WHERE fence = ? AND message_id = ?", (fence, message_id)
         )
@@ -687,9 +730,6 @@ class Store:
                 fence=msg.fence,
                 detail=f"fence {fence} is not the current claim",
             )
-        mailbox = tx.one("SELECT state FROM mailboxes WHERE mailbox_id = ?", (msg.mailbox_id,))
-        if mailbox is not None and mailbox["state"] not in ACTIVE:
-            return Outcome(Status(mailbox["state"]), message_id, fence=fence)
         if (
             msg.state != Status.CLAIMED.value
             or claim["state"] == "expired"

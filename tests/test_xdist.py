@@ -1,0 +1,323 @@
+"""pytest -n: one store for all workers, every sink delivering, fixed-port mode, nothing lost."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_mailbox.plugin import STORE_NAME
+
+SEND_CONFTEST = """
+import smtplib
+from email.message import EmailMessage
+
+import pytest
+
+
+@pytest.fixture
+def send(mailbox_server):
+    def send(to, subject="Verify your account", via=None):
+        host, port = via or (mailbox_server.host, mailbox_server.port)
+        msg = EmailMessage()
+        msg["From"] = "noreply@app.example.test"
+        msg["To"] = to
+        msg["Subject"] = subject
+        msg.set_content("Open https://app.example.test/verify?token=t0k3n-value")
+        with smtplib.SMTP(host, port, local_hostname="client.test") as smtp:
+            smtp.send_message(msg)
+    return send
+"""
+
+GENERATED_SUITE = """
+import pytest
+
+
+@pytest.mark.parametrize("n", range({count}))
+def test_user(isolated_mailbox, send, n):
+    send(isolated_mailbox.address, subject=f"Verify account {{n}}")
+    msg = isolated_mailbox.wait_for(subject=f"Verify account {{n}}")
+    msg.ack()
+"""
+
+
+def _store(pytester: pytest.Pytester) -> sqlite3.Connection:
+    # pytester runs pass --basetemp=<parent>/basetemp; the controller's store lives there.
+    return sqlite3.connect(pytester.path.parent / "basetemp" / STORE_NAME)
+
+
+def _receipt_count(junit: Path) -> int:
+    root = ET.parse(junit).getroot()
+    return sum(1 for p in root.iter("property") if p.get("name") == "mailbox.receipt")
+
+
+def _bound_free_port() -> int:
+    """A port number for fixed-port mode, found by binding (the plugin then binds it itself)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None:
+    with _store(pytester) as db:
+        assert db.execute("SELECT COUNT(*) FROM messages WHERE state = 'consumed'").fetchone() == (
+            count,
+        )
+        doubles = db.execute(
+            "SELECT message_id FROM claims WHERE state = 'consumed' "
+            "GROUP BY message_id HAVING COUNT(*) > 1"
+        ).fetchall()
+        assert doubles == []
+        assert db.execute("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NULL").fetchone() == (
+            0,
+        )
+
+
+@pytest.mark.parametrize("workers", ["2", "4"])
+@pytest.mark.parametrize("mode", ["per-worker", "fixed-port"])
+def test_generated_suite_of_300(pytester: pytest.Pytester, workers: str, mode: str) -> None:
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(test_generated=GENERATED_SUITE.format(count=300))
+    args = ["-n", workers, "--junitxml=junit.xml"]
+    if mode == "fixed-port":
+        args.append(f"--mailbox-port={_bound_free_port()}")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=300)
+    result.stdout.fnmatch_lines(
+        ["mailbox: 300 reserved, 300 received, 300 claimed, 300 consumed, 0 expired, 0 unrouted"]
+    )
+    assert "database is locked" not in result.stdout.str() + result.stderr.str()
+    assert _receipt_count(pytester.path / "junit.xml") == 300
+    _assert_consumed_exactly_once(pytester, 300)
+    with _store(pytester) as db:
+        sinks = {row[0] for row in db.execute("SELECT DISTINCT sink FROM messages")}
+    if mode == "fixed-port":
+        assert sinks == {"main"}  # the controller served the port for every worker
+    else:
+        assert sinks <= {f"gw{i}" for i in range(int(workers))}
+        assert len(sinks) >= 2
+
+
+def test_cross_worker_delivery(pytester: pytest.Pytester) -> None:
+    """A test on one worker receives mail that another worker's sink accepted."""
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(
+        """
+        import os
+        import threading
+        from pathlib import Path
+
+        HANDOFF = Path("handoff.txt")
+
+        def test_receiver(isolated_mailbox, mailbox_store):
+            me = os.environ["PYTEST_XDIST_WORKER"]
+            HANDOFF.write_text(f"{me} {isolated_mailbox.address}")
+            msg = isolated_mailbox.wait_for(subject="from the other worker", timeout=30)
+            sink = mailbox_store.message(msg.message_id).sink
+            assert sink.startswith("gw") and sink != me
+
+        def test_sender(send):
+            wake = threading.Event()
+            while not HANDOFF.exists() or not HANDOFF.read_text():
+                wake.wait(0.01)  # the handoff file is the synchronisation
+            worker, address = HANDOFF.read_text().split()
+            assert worker != os.environ["PYTEST_XDIST_WORKER"]
+            send(address, subject="from the other worker")
+        """
+    )
+    result = pytester.runpytest("-n", "2")
+    result.assert_outcomes(passed=2)
+
+
+def test_fixed_port_survives_an_early_worker(pytester: pytest.Pytester) -> None:
+    """The worker that finishes first takes nothing with it: the other still gets its mail."""
+    pytester.makeconftest(
+        SEND_CONFTEST
+        + """
+import os
+from pathlib import Path
+
+
+def pytest_sessionfinish(session):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        Path(f"finished-{worker}").write_text("done")
+"""
+    )
+    pytester.makepyfile(
+        """
+        import os
+        import threading
+        from pathlib import Path
+
+        def test_quick(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+
+        def test_slow(isolated_mailbox, send, mailbox_server):
+            me = os.environ["PYTEST_XDIST_WORKER"]
+            other = "gw0" if me == "gw1" else "gw1"
+            wake = threading.Event()
+            while not Path(f"finished-{other}").exists():
+                wake.wait(0.01)  # wait until the other worker's session is over
+            for n in range(5):
+                send(isolated_mailbox.address, subject=f"late {n}")
+                isolated_mailbox.wait_for(subject=f"late {n}").ack()
+        """
+    )
+    port = _bound_free_port()
+    result = pytester.runpytest("-n", "2", f"--mailbox-port={port}")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["mailbox: 2 reserved, 6 received, 6 claimed, 6 consumed, *"])
+
+
+def test_fixed_port_taken_by_another_program(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = pytester.runpytest("-n", "2", f"--mailbox-port={port}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: pytest-mailbox cannot listen on 127.0.0.1:{port}: the port is already in "
+            "use by another program; free it, or choose another port with --mailbox-port / "
+            "mailbox_port (0 picks a free one)"
+        ]
+    )
+
+
+def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Run B sends to run A's address while both run: A never sees it, B keeps it unrouted."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(
+        test_runs=f"""
+        import threading
+        from pathlib import Path
+
+        SHARED = Path({str(shared)!r})
+
+        def _wait_for(path):
+            wake = threading.Event()
+            while not path.exists():
+                wake.wait(0.01)
+
+        def test_run_a(isolated_mailbox, send):
+            (SHARED / "a.address").write_text(isolated_mailbox.address)
+            _wait_for(SHARED / "b.sent")
+            isolated_mailbox.expect_none(within=0.5)
+            send(isolated_mailbox.address, subject="own mail")
+            isolated_mailbox.wait_for(subject="own mail").ack()
+
+        def test_run_b(isolated_mailbox, send):
+            _wait_for(SHARED / "a.address")
+            send((SHARED / "a.address").read_text(), subject="for the other run")
+            (SHARED / "b.sent").write_text("sent")
+        """
+    )
+    runs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-n",
+                "2",
+                f"--basetemp={tmp_path / name}",
+                "-k",
+                f"test_run_{name}",
+            ],
+            cwd=pytester.path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in ("a", "b")
+    }
+    out = {name: proc.communicate(timeout=120)[0] for name, proc in runs.items()}
+    assert runs["a"].returncode == 0, out["a"]
+    assert runs["b"].returncode == 0, out["b"]
+    assert (
+        "mailbox: 1 reserved, 1 received, 1 claimed, 1 consumed, 0 expired, 0 unrouted" in out["a"]
+    )
+    assert (
+        "mailbox: 1 reserved, 0 received, 0 claimed, 0 consumed, 0 expired, 1 unrouted" in out["b"]
+    )
+
+
+def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(
+        """
+        import os
+
+        def test_crashes_holding_a_claim(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for()
+            os._exit(1)
+
+        def test_fine(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+        """
+    )
+    result = pytester.runpytest("-n", "2")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*crashed*",
+            "mailbox: 2 reserved, 2 received, 2 claimed, 1 consumed, 2 expired, 0 unrouted",
+        ]
+    )
+    assert "database is locked" not in result.stdout.str()
+    with _store(pytester) as db:
+        states = db.execute(
+            "SELECT m.state, m.close_reason, g.state FROM mailboxes m "
+            "JOIN messages g ON g.mailbox_id = m.mailbox_id WHERE m.owner LIKE '%crashes%'"
+        ).fetchall()
+        claims = db.execute("SELECT state FROM claims ORDER BY fence").fetchall()
+    # the orphaned mailbox expired; its claim ended and the message is claimable again
+    assert states == [("expired", "expired_timeout", "waiting")]
+    assert sorted(c[0] for c in claims) == ["consumed", "expired"]
+
+
+@pytest.mark.parametrize("stop", ["-x", "--maxfail=1"])
+def test_stopping_early_leaves_no_orphans(pytester: pytest.Pytester, stop: str) -> None:
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.parametrize("n", range(20))
+        def test_user(isolated_mailbox, send, n):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for()
+            assert n != 3
+        """
+    )
+    result = pytester.runpytest("-n", "2", stop, "--junitxml=junit.xml")
+    # xdist reports a stop after the first failure as an interrupted session
+    assert result.ret in (pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED)
+    result.stdout.fnmatch_lines(["FAILED *test_user[[]3[]]*"])
+    with _store(pytester) as db:
+        open_claims = db.execute("SELECT COUNT(*) FROM claims WHERE state = 'claimed'").fetchone()
+        orphaned = db.execute("SELECT COUNT(*) FROM events WHERE status = 'orphaned'").fetchone()
+        releases = db.execute(
+            "SELECT mailbox_id, COUNT(*) FROM events WHERE status = 'released' GROUP BY mailbox_id"
+        ).fetchall()
+        reserved = db.execute("SELECT COUNT(*) FROM mailboxes").fetchone()[0]
+    assert open_claims == (0,)
+    assert orphaned == (0,)
+    assert len(releases) == reserved
+    assert all(count == 1 for _, count in releases)  # one teardown per mailbox
+    assert _receipt_count(pytester.path / "junit.xml") == reserved
