@@ -335,7 +335,7 @@ class Store:
                 return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
             found = _mailbox(row)
             if found.fence != fence:
-                return Outcome(Status.FENCE_MISMATCH, fence=found.fence, detail="stale handle")
+                return Outcome(Status.FENCE_MISMATCH, fence=fence, detail="stale mailbox handle")
             if not found.active:
                 return Outcome(Status(found.state), detail=found.close_reason or "")
             for claim in tx.all(
@@ -435,14 +435,14 @@ class Store:
         )
         return None if row is None else _message(row)
 
-    def unrouted(self, domain: str, *, limit: int = 20) -> list[MessageRow]:
-        """The newest mail for unknown aliases of ``domain``, oldest first."""
+    def unrouted(self, domain: str, *, since: float = 0.0, limit: int = 200) -> list[MessageRow]:
+        """The newest mail for unknown aliases of ``domain`` since ``since``, oldest first."""
         rows = (
             self._conn()
             .execute(
                 "SELECT * FROM messages WHERE mailbox_id IS NULL AND domain = ? "
-                "ORDER BY seq DESC LIMIT ?",
-                (domain, limit),
+                "AND received_at >= ? ORDER BY seq DESC LIMIT ?",
+                (domain, since, limit),
             )
             .fetchall()
         )
@@ -504,10 +504,11 @@ class Store:
             if msg.state == Status.CLAIMED.value:
                 assert msg.lease_until is not None
                 if msg.lease_until > now:
+                    # The fence is the holder's proof; only the holder itself gets it back.
                     return Outcome(
                         Status.ALREADY_CLAIMED,
                         message_id,
-                        fence=msg.fence,
+                        fence=msg.fence if msg.holder == holder else None,
                         holder=msg.holder,
                         lease_until=msg.lease_until,
                     )
@@ -687,7 +688,7 @@ class Store:
             return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
         found = _mailbox(row)
         if found.fence != fence:
-            return Outcome(Status.FENCE_MISMATCH, fence=found.fence, detail="stale mailbox handle")
+            return Outcome(Status.FENCE_MISMATCH, fence=fence, detail="stale mailbox handle")
         if not found.active:
             return Outcome(Status(found.state), detail=found.close_reason or "")
         return None
@@ -720,14 +721,15 @@ class Store:
             return Outcome(
                 Status.FENCE_MISMATCH,
                 message_id,
-                fence=msg.fence,
+                fence=fence,
                 detail=f"the claim with fence {fence} was released",
             )
         if claim is None or msg.fence != fence:
+            # Answer with the fence presented: the current one is its holder's proof alone.
             return Outcome(
                 Status.FENCE_MISMATCH,
                 message_id,
-                fence=msg.fence,
+                fence=fence,
                 detail=f"fence {fence} is not the current claim",
             )
         if (

@@ -1,0 +1,178 @@
+"""Real SMTP clients deliver to the session sink, and each test's mailbox gets its own copy."""
+
+from __future__ import annotations
+
+import asyncio
+import smtplib
+from collections.abc import Iterator
+from email.message import EmailMessage
+
+import aiosmtplib
+import pytest
+
+from pytest_mailbox import ClaimedMessage, EmailContract, Mailbox, MailSink, Store
+
+SUBJECT = "Vérifiez votre adresse \N{WHITE HEAVY CHECK MARK}"
+SENDER = "noreply@app.example.test"
+CODE = "493817"
+LINK = "https://app.example.test/verify?token=Zq8pL2vXc4"
+TEXT = f"Bonjour !\n\nOuvrez {LINK} ou saisissez le code {CODE}.\n"
+HTML = f'<p>Bonjour !</p><p><a href="{LINK}">Vérifier</a></p><p>Code : <b>{CODE}</b></p>'
+
+
+def verification_mail(to: str | list[str]) -> EmailMessage:
+    """A multipart/alternative mail (text + HTML) with a non-ASCII subject, a link and a code."""
+    mail = EmailMessage()
+    mail["From"] = f"Exemple <{SENDER}>"
+    mail["To"] = to if isinstance(to, str) else ", ".join(to)
+    mail["Subject"] = SUBJECT
+    mail.set_content(TEXT)
+    mail.add_alternative(HTML, subtype="html")
+    return mail
+
+
+def assert_verification_mail(msg: ClaimedMessage) -> None:
+    """The mail arrived whole: decoded subject, both bodies, link, code and sender."""
+    assert msg.subject == SUBJECT
+    assert SUBJECT.encode() not in msg.raw  # it travelled RFC 2047-encoded and was decoded
+    assert msg.text.replace("\r\n", "\n") == TEXT
+    assert msg.html.strip() == HTML
+    assert msg.link(domain="app.example.test") == LINK
+    assert msg.code() == CODE
+    assert msg.sender == SENDER
+    assert msg.envelope_from == SENDER
+
+
+@pytest.fixture
+def second_mailbox(
+    isolated_mailbox: Mailbox,
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    email_contract: EmailContract,
+    request: pytest.FixtureRequest,
+) -> Iterator[Mailbox]:
+    """Another run's mailbox on the same domain, built the way the isolated_mailbox fixture is."""
+    other = Mailbox.reserve(
+        mailbox_store,
+        contract=email_contract,
+        domain=isolated_mailbox.domain,
+        nodeid=request.node.nodeid,
+        signal=mailbox_server.signal,
+    )
+    yield other
+    other.close(success=True)
+
+
+def test_smtplib_send_message_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(verification_mail(isolated_mailbox.address))
+
+    msg = isolated_mailbox.wait_for(subject=SUBJECT, timeout=10)
+
+    assert_verification_mail(msg)
+    assert msg.envelope_to == isolated_mailbox.address
+
+
+def test_aiosmtplib_send_is_delivered(mailbox_server: MailSink, isolated_mailbox: Mailbox) -> None:
+    async def send() -> None:
+        await aiosmtplib.send(
+            verification_mail(isolated_mailbox.address),
+            hostname=mailbox_server.host,
+            port=mailbox_server.port,
+        )
+
+    asyncio.run(send())
+
+    msg = isolated_mailbox.wait_for(subject_contains="Vérifiez", timeout=10)
+    assert_verification_mail(msg)
+
+
+def test_django_smtp_backend_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    from django.conf import settings  # noqa: PLC0415 - configured below, only for this test
+    from django.core.mail import EmailMultiAlternatives, get_connection  # noqa: PLC0415
+
+    django_settings = mailbox_server.settings["django"]
+    assert django_settings["EMAIL_HOST"] == mailbox_server.host == "127.0.0.1"
+    assert django_settings["EMAIL_PORT"] == mailbox_server.port
+    if not settings.configured:
+        settings.configure(**django_settings)
+    connection = get_connection(
+        backend=django_settings["EMAIL_BACKEND"],
+        host=django_settings["EMAIL_HOST"],
+        port=django_settings["EMAIL_PORT"],
+        fail_silently=False,
+    )
+    mail = EmailMultiAlternatives(
+        subject=SUBJECT,
+        body=TEXT,
+        from_email=f"Exemple <{SENDER}>",
+        to=[isolated_mailbox.address],
+        connection=connection,
+    )
+    mail.attach_alternative(HTML, "text/html")
+
+    assert mail.send() == 1
+
+    msg = isolated_mailbox.wait_for(sender=SENDER, timeout=10)
+    assert_verification_mail(msg)
+
+
+def test_two_envelope_recipients_get_one_copy_each(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    second_mailbox: Mailbox,
+) -> None:
+    recipients = [isolated_mailbox.address, second_mailbox.address]
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        refused = smtp.send_message(verification_mail(recipients))
+    assert refused == {}
+
+    first = isolated_mailbox.wait_for(subject=SUBJECT, timeout=10)
+    second = second_mailbox.wait_for(subject=SUBJECT, timeout=10)
+
+    assert [m.message_id for m in mailbox_store.messages(isolated_mailbox.mailbox_id)] == [
+        first.message_id
+    ]
+    assert [m.message_id for m in mailbox_store.messages(second_mailbox.mailbox_id)] == [
+        second.message_id
+    ]
+    assert first.message_id != second.message_id
+    assert (first.envelope_to, second.envelope_to) == tuple(recipients)
+    assert first.raw == second.raw
+    assert_verification_mail(first)
+    assert_verification_mail(second)
+
+
+@pytest.mark.parametrize(
+    ("local_suffix", "upper_domain", "tag"),
+    [
+        pytest.param("+welcome", False, "welcome", id="plus-tag"),
+        pytest.param("", True, None, id="upper-case-domain"),
+        pytest.param("+Reset-2", True, "reset-2", id="plus-tag-and-upper-case-domain"),
+    ],
+)
+def test_address_variants_route_to_the_alias(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    local_suffix: str,
+    upper_domain: bool,
+    tag: str | None,
+) -> None:
+    domain = isolated_mailbox.domain.upper() if upper_domain else isolated_mailbox.domain
+    address = f"{isolated_mailbox.alias}{local_suffix}@{domain}"
+    assert address != isolated_mailbox.address
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(verification_mail(address))
+
+    msg = isolated_mailbox.wait_for(subject=SUBJECT, timeout=10)
+
+    assert msg.envelope_to == address
+    (row,) = mailbox_store.messages(isolated_mailbox.mailbox_id)
+    assert (row.message_id, row.alias, row.tag) == (msg.message_id, isolated_mailbox.alias, tag)
+    assert_verification_mail(msg)

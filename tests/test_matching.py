@@ -1,0 +1,465 @@
+"""The matching contract (DESIGN §4): only this run's routed, new, selected mail is a candidate."""
+
+from __future__ import annotations
+
+import smtplib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from email.message import EmailMessage
+from typing import Any
+
+import pytest
+
+from pytest_mailbox import (
+    AmbiguousMatch,
+    ContractError,
+    EmailContract,
+    Mailbox,
+    MailSink,
+    Store,
+    UnexpectedMessage,
+    WaitTimeout,
+)
+
+#: The real wait of a test that expects nothing: long enough to scan, short for the suite.
+SHORT = 0.2
+
+
+def mail(
+    to: str,
+    subject: str = "Welcome",
+    *,
+    sender: str = "App <noreply@app.example.test>",
+    text: str = "Hello!\n",
+    html: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> EmailMessage:
+    """A small message; ``headers`` adds extra ones such as X-Run-Id."""
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = to
+    message["Subject"] = subject
+    for name, value in (headers or {}).items():
+        message[name] = value
+    message.set_content(text)
+    if html is not None:
+        message.add_alternative(html, subtype="html")
+    return message
+
+
+def send(server: MailSink, message: EmailMessage, to: list[str] | None = None) -> None:
+    """Deliver over real SMTP; the sink commits before it answers 250."""
+    with smtplib.SMTP(server.host, server.port) as smtp:
+        assert smtp.send_message(message, to_addrs=to) == {}
+
+
+def ids(store: Store, mailbox: Mailbox) -> list[str]:
+    return [row.message_id for row in store.messages(mailbox.mailbox_id)]
+
+
+@pytest.fixture
+def second_mailbox(
+    isolated_mailbox: Mailbox,
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    email_contract: EmailContract,
+    request: pytest.FixtureRequest,
+) -> Iterator[Mailbox]:
+    """Another run's mailbox on the same domain, built the way the isolated_mailbox fixture is."""
+    other = Mailbox.reserve(
+        mailbox_store,
+        contract=email_contract,
+        domain=isolated_mailbox.domain,
+        nodeid=request.node.nodeid,
+        signal=mailbox_server.signal,
+    )
+    yield other
+    other.close(success=True)
+
+
+# -- received_after --------------------------------------------------------------------------
+
+
+def test_message_sent_before_checkpoint_is_not_matched(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+    (old,) = ids(mailbox_store, isolated_mailbox)
+    isolated_mailbox.checkpoint()
+
+    with pytest.raises(WaitTimeout, match=f"{old} 'Welcome': received before received_after"):
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    send(mailbox_server, mail(isolated_mailbox.address))
+    msg = isolated_mailbox.wait_for(subject="Welcome", timeout=10)
+    assert msg.message_id != old
+    assert ids(mailbox_store, isolated_mailbox) == [old, msg.message_id]
+
+
+def test_explicit_received_after_selects_the_later_message(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+    since = mailbox_store.checkpoint()
+    send(mailbox_server, mail(isolated_mailbox.address))
+    old, new = ids(mailbox_store, isolated_mailbox)
+
+    msg = isolated_mailbox.wait_for(subject="Welcome", received_after=since, timeout=10)
+
+    assert msg.message_id == new != old
+
+
+# -- routing: only this mailbox's envelope recipient -----------------------------------------
+
+
+def test_mail_to_another_tests_alias_is_not_matched(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    second_mailbox: Mailbox,
+) -> None:
+    send(mailbox_server, mail(second_mailbox.address))
+
+    with pytest.raises(WaitTimeout, match=f"^no message for {isolated_mailbox.address} matched"):
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    assert ids(mailbox_store, isolated_mailbox) == []
+    assert second_mailbox.wait_for(subject="Welcome", timeout=10).envelope_to == (
+        second_mailbox.address
+    )
+
+
+@pytest.mark.parametrize("variant", ["prefix", "suffix"])
+def test_look_alike_alias_is_not_matched(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    variant: str,
+) -> None:
+    alias = f"x{isolated_mailbox.alias}" if variant == "prefix" else f"{isolated_mailbox.alias}x"
+    look_alike = f"{alias}@{isolated_mailbox.domain}"
+    send(mailbox_server, mail(look_alike))
+
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    assert ids(mailbox_store, isolated_mailbox) == []
+    (row,) = [r for r in mailbox_store.unrouted(isolated_mailbox.domain) if r.rcpt == look_alike]
+    assert row.mailbox_id is None
+    assert (
+        f"  - {row.message_id} 'Welcome': envelope recipient {look_alike} is not "
+        f"{isolated_mailbox.address}"
+    ) in str(caught.value).splitlines()
+
+
+def test_to_header_naming_us_with_another_envelope_recipient_is_not_matched(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    second_mailbox: Mailbox,
+) -> None:
+    raw = mail(isolated_mailbox.address).as_bytes()
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        assert smtp.sendmail("noreply@app.example.test", [second_mailbox.address], raw) == {}
+
+    with pytest.raises(WaitTimeout):
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    assert ids(mailbox_store, isolated_mailbox) == []
+    delivered = second_mailbox.wait_for(subject="Welcome", timeout=10)
+    assert delivered.to == [isolated_mailbox.address]
+    assert delivered.envelope_to == second_mailbox.address
+
+
+# -- run correlation header ------------------------------------------------------------------
+
+
+def test_x_run_id_of_another_run_is_never_a_candidate(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    foreign_run = "r-0123456789abcdef"
+    assert foreign_run != isolated_mailbox.run_id
+    send(mailbox_server, mail(isolated_mailbox.address, headers={"X-Run-Id": foreign_run}))
+    (foreign,) = ids(mailbox_store, isolated_mailbox)
+
+    reason = f"{foreign} 'Welcome': X-Run-Id belongs to run {foreign_run}"
+    with pytest.raises(WaitTimeout, match=reason):
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    send(
+        mailbox_server,
+        mail(isolated_mailbox.address, headers={"X-Run-Id": isolated_mailbox.run_id}),
+    )
+    msg = isolated_mailbox.wait_for(subject="Welcome", timeout=10)
+    assert msg.message_id != foreign
+    assert msg.run_header() == isolated_mailbox.run_id
+
+
+# -- ambiguity, near misses, expect_none -----------------------------------------------------
+
+
+def test_two_matching_messages_are_ambiguous_and_neither_is_claimed(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address, "Welcome aboard"))
+    send(mailbox_server, mail(isolated_mailbox.address, "Welcome back"))
+    first, second = ids(mailbox_store, isolated_mailbox)
+
+    with pytest.raises(AmbiguousMatch) as caught:
+        isolated_mailbox.wait_for(subject_contains="Welcome", timeout=10)
+
+    assert str(caught.value) == (
+        f"2 messages for {isolated_mailbox.address} match subject_contains='Welcome': "
+        f"{first} ('Welcome aboard'), {second} ('Welcome back'); "
+        "make the selector stricter (subject=, header=, received_after=)"
+    )
+    assert caught.value.result["message_ids"] == [first, second]
+    assert caught.value.result["status"] == "ambiguous"
+    rows = mailbox_store.messages(isolated_mailbox.mailbox_id)
+    assert [(r.state, r.fence) for r in rows] == [("waiting", None), ("waiting", None)]
+
+
+def test_timeout_text_lists_every_near_miss_with_its_reason(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+) -> None:
+    box = isolated_mailbox
+    send(mailbox_server, mail(box.address, "Welcome"))  # too old
+    box.checkpoint()
+    send(mailbox_server, mail(box.address, "Welcome"))  # consumed below
+    consumed = box.wait_for(subject="Welcome", timeout=10)
+    consumed.ack()
+    send(mailbox_server, mail(box.address, "Newsletter"))
+    send(mailbox_server, mail(box.address, "Welcome", headers={"X-Run-Id": "r-someone-else"}))
+    unknown = f"{box.alias[:-1]}@{box.domain}"  # a typo of our alias: unrouted, but similar
+    send(mailbox_server, mail(unknown, "Welcome"))
+    old, consumed_id, newsletter, foreign = ids(mailbox_store, box)
+    assert consumed_id == consumed.message_id
+    (stray,) = [r.message_id for r in mailbox_store.unrouted(box.domain) if r.rcpt == unknown]
+
+    with pytest.raises(WaitTimeout) as caught:
+        box.wait_for(subject="Welcome", timeout=SHORT)
+
+    assert str(caught.value) == "\n".join(
+        [
+            f"no message for {box.address} matched subject='Welcome' within 0.2s "
+            f"(run {box.run_id}, mailbox {box.mailbox_id})",
+            "near misses (5):",
+            f"  - {old} 'Welcome': received before received_after",
+            f"  - {consumed_id} 'Welcome': already consumed (fence {consumed.fence})",
+            f"  - {newsletter} 'Newsletter': subject is not 'Welcome'",
+            f"  - {foreign} 'Welcome': X-Run-Id belongs to run r-someone-else",
+            f"  - {stray} 'Welcome': envelope recipient {unknown} is not {box.address}",
+        ]
+    )
+    assert caught.value.result["status"] == "waiting"
+
+
+def test_expect_none_passes_when_only_non_matching_mail_arrives(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address, "Newsletter"))
+
+    isolated_mailbox.expect_none(within=SHORT, subject="Welcome")
+
+    (row,) = mailbox_store.messages(isolated_mailbox.mailbox_id)
+    assert (row.subject, row.state) == ("Newsletter", "waiting")
+
+
+def test_expect_none_raises_when_a_matching_message_arrives(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address, "Newsletter"))
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(send, mailbox_server, mail(isolated_mailbox.address, "Welcome"))
+        with pytest.raises(UnexpectedMessage) as caught:
+            isolated_mailbox.expect_none(within=10, subject="Welcome")
+        sent.result()
+
+    _, welcome = ids(mailbox_store, isolated_mailbox)
+    assert str(caught.value) == (
+        f"expected no message for {isolated_mailbox.address} matching subject='Welcome' "
+        f"within 10s, but {welcome} ('Welcome') arrived"
+    )
+    assert caught.value.result["message_id"] == welcome
+    assert isinstance(caught.value, AssertionError)
+
+
+# -- the sink refuses other domains ----------------------------------------------------------
+
+
+def test_recipient_outside_the_test_domains_is_refused_and_nothing_is_stored(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    foreign_domain = f"{isolated_mailbox.alias}.example.com"
+    outsider = f"user@{foreign_domain}"
+
+    with (
+        smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp,
+        pytest.raises(smtplib.SMTPRecipientsRefused) as caught,
+    ):
+        smtp.send_message(mail(outsider))
+
+    code, text = caught.value.recipients[outsider]
+    assert code == 550
+    assert b"5.7.1" in text
+    assert foreign_domain.encode() in text
+    assert mailbox_store.unrouted(foreign_domain) == []
+    assert ids(mailbox_store, isolated_mailbox) == []
+
+
+def test_mixed_recipients_deliver_only_to_the_test_domain(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    foreign_domain = f"{isolated_mailbox.alias}.example.com"
+    outsider = f"user@{foreign_domain}"
+
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        refused = smtp.send_message(
+            mail(isolated_mailbox.address), to_addrs=[outsider, isolated_mailbox.address]
+        )
+
+    assert list(refused) == [outsider]
+    assert refused[outsider][0] == 550
+    assert mailbox_store.unrouted(foreign_domain) == []
+    msg = isolated_mailbox.wait_for(subject="Welcome", timeout=10)
+    assert msg.envelope_to == isolated_mailbox.address
+    assert ids(mailbox_store, isolated_mailbox) == [msg.message_id]
+
+
+# -- selectors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "field"),
+    [
+        pytest.param({"subject_regex": "(unclosed"}, "subject_regex", id="invalid-subject-regex"),
+        pytest.param({"body_regex": "[a-"}, "body_regex", id="invalid-body-regex"),
+        pytest.param({"subjekt": "Welcome"}, "subjekt", id="unknown-field"),
+        pytest.param({"header": ("X-Run-Id\r\nBcc", "x")}, "header", id="header-name-crlf"),
+        pytest.param({"header": ("X-Run-Id\n", "x")}, "header", id="header-name-lf"),
+    ],
+)
+def test_invalid_selector_raises_contract_error_naming_the_field(
+    isolated_mailbox: Mailbox, selector: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.wait_for(timeout=10, **selector)
+
+    text = str(caught.value)
+    assert text.startswith((f"selector: {field}=", f"selector: unknown field {field!r}"))
+    assert caught.value.result["status"] == "policy_denied"
+    with pytest.raises(ContractError, match=f"selector: .*{field}"):
+        isolated_mailbox.expect_none(within=SHORT, **selector)
+
+
+def test_unknown_selector_field_lists_the_allowed_fields(isolated_mailbox: Mailbox) -> None:
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.wait_for(subjekt="Welcome", timeout=10)
+
+    assert str(caught.value) == (
+        "selector: unknown field 'subjekt'; allowed fields: subject, subject_contains, "
+        "subject_regex, sender, header, body_contains, body_regex, received_after"
+    )
+
+
+def test_header_name_with_line_break_is_refused_with_the_rule(isolated_mailbox: Mailbox) -> None:
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.wait_for(header=("X-Run-Id\r\nBcc", "x"), timeout=10)
+
+    text = str(caught.value)
+    assert text.startswith("selector: header=('X-Run-Id\\r\\nBcc', 'x') is invalid")
+    assert "without ':', spaces or line breaks" in text
+
+
+ALPHA = {
+    "subject": "Welcome aboard",
+    "sender": "Alpha <alpha@app.example.test>",
+    "text": "Hello alpha, your code is 111111.\n",
+    "html": "<p>Hello alpha</p>",
+    "headers": {"X-Campaign": "alpha"},
+}
+BETA = {
+    "subject": "Welcome back",
+    "sender": "Beta <beta@app.example.test>",
+    "text": "Hello beta, your code is 222222.\n",
+    "html": "<p>Hello <b>beta-only-in-html</b></p>",
+    "headers": {"X-Campaign": "beta"},
+}
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        pytest.param({"subject": "Welcome aboard"}, ALPHA, id="subject-exact"),
+        pytest.param({"subject_contains": "back"}, BETA, id="subject-contains"),
+        pytest.param({"subject_regex": r"^Welcome a"}, ALPHA, id="subject-regex"),
+        pytest.param({"sender": "BETA@app.example.test"}, BETA, id="sender"),
+        pytest.param({"header": ("x-campaign", "alpha")}, ALPHA, id="header"),
+        pytest.param({"body_contains": "Hello beta"}, BETA, id="body-contains"),
+        pytest.param({"body_contains": "beta-only-in-html"}, BETA, id="body-contains-html"),
+        pytest.param({"body_regex": r"alpha, your code is \d{6}"}, ALPHA, id="body-regex"),
+    ],
+)
+def test_selector_picks_the_right_one_of_two(
+    mailbox_server: MailSink,
+    isolated_mailbox: Mailbox,
+    selector: dict[str, Any],
+    expected: dict[str, Any],
+) -> None:
+    for fields in (ALPHA, BETA):
+        send(mailbox_server, mail(isolated_mailbox.address, **fields))
+    with pytest.raises(AmbiguousMatch):  # both are candidates without the selector
+        isolated_mailbox.wait_for(subject_contains="Welcome", timeout=10)
+
+    msg = isolated_mailbox.wait_for(timeout=10, **selector)
+
+    assert msg.subject == expected["subject"]
+    assert msg.header("X-Campaign") == expected["headers"]["X-Campaign"]
+
+
+def test_sender_selector_also_matches_the_envelope_sender(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    for bounce, subject in (("bounce-a@app.example.test", "A"), ("bounce-b@app.example.test", "B")):
+        raw = mail(isolated_mailbox.address, subject).as_bytes()
+        with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+            smtp.sendmail(bounce, [isolated_mailbox.address], raw)
+
+    msg = isolated_mailbox.wait_for(sender="bounce-b@app.example.test", timeout=10)
+
+    assert (msg.subject, msg.envelope_from) == ("B", "bounce-b@app.example.test")
+
+
+# -- claim and ack ---------------------------------------------------------------------------
+
+
+def test_wait_for_claims_and_ack_consumes(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+
+    msg = isolated_mailbox.wait_for(subject="Welcome", timeout=10)
+
+    claimed = mailbox_store.message(msg.message_id)
+    assert claimed is not None
+    assert (claimed.state, claimed.fence, claimed.holder) == (
+        "claimed",
+        msg.fence,
+        isolated_mailbox.run_id,
+    )
+    assert msg.fence > isolated_mailbox.fence
+    assert msg.lease_until is not None
+
+    msg.ack()
+
+    consumed = mailbox_store.message(msg.message_id)
+    assert consumed is not None
+    assert (consumed.state, consumed.fence) == ("consumed", msg.fence)
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+    assert (
+        f"  - {msg.message_id} 'Welcome': already consumed (fence {msg.fence})"
+        in str(caught.value).splitlines()
+    )

@@ -1,0 +1,532 @@
+"""The store's reservation side: idempotent reserve, release, reconciliation, and the
+``Mailbox`` object on top of it.
+
+Every test uses a real SQLite file in ``tmp_path`` and a controllable clock, so expiry
+is reached by moving the clock, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
+from pytest_mailbox.errors import MailboxClosed
+from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
+from pytest_mailbox.store import Delivery, MailboxRow, Store
+
+T0 = 1_700_000_000.0
+DOMAIN = "mailbox.test"
+
+
+class Clock:
+    """A clock the test moves by hand: ``Store(path, clock=clock)``."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "mailbox.sqlite3"
+
+
+@pytest.fixture
+def store(db: Path, clock: Clock) -> Iterator[Store]:
+    handle = Store(db, clock=clock)
+    yield handle
+    handle.close()
+
+
+def reserve(
+    store: Store, run_id: str = "run-1", purpose: str = "verify", ttl: float = 100
+) -> MailboxRow:
+    row, _ = store.reserve(run_id=run_id, purpose=purpose, ttl=ttl, domain=DOMAIN, owner="t::x")
+    return row
+
+
+def raw_message(to: str, subject: str = "Verify your account") -> bytes:
+    msg = EmailMessage()
+    msg["From"] = "App <noreply@app.example.test>"
+    msg["To"] = to
+    msg["Subject"] = subject
+    msg.set_content("Open https://app.example.test/verify/8f3a9c77d1e24b6a to go on.")
+    return msg.as_bytes()
+
+
+def deliver(store: Store, mailbox: MailboxRow, subject: str = "Verify your account") -> str:
+    """Put one message in ``mailbox`` the way the sink does; its message id."""
+    [message_id] = store.deliver(
+        mail_from="noreply@app.example.test",
+        deliveries=[
+            Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+        ],
+        raw=raw_message(mailbox.address, subject),
+        subject=subject,
+        run_header=None,
+    )
+    return message_id
+
+
+def claim(
+    store: Store, mailbox: MailboxRow, message_id: str, holder: str = "run-1", lease: float = 30
+) -> Any:
+    return store.claim(
+        mailbox_id=mailbox.mailbox_id,
+        mailbox_fence=mailbox.fence,
+        message_id=message_id,
+        holder=holder,
+        lease=lease,
+    )
+
+
+def rows(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Read the file directly, bypassing the store under test."""
+    with closing(sqlite3.connect(db)) as conn:
+        return [tuple(r) for r in conn.execute(sql, params).fetchall()]
+
+
+def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table that a refused operation must leave alone."""
+    return {
+        table: rows(db, f"SELECT * FROM {table} ORDER BY 1")
+        for table in ("counters", "mailboxes", "messages", "claims", "events")
+    }
+
+
+def fence_counter(db: Path) -> int:
+    [(value,)] = rows(db, "SELECT value FROM counters WHERE name = 'fence'")
+    return int(value)
+
+
+# -- reserve ------------------------------------------------------------------------------
+
+
+def test_reserve_is_idempotent_on_run_and_purpose_while_active(store: Store, db: Path) -> None:
+    first, created = store.reserve(run_id="run-1", purpose="verify", ttl=100, domain=DOMAIN)
+    again, created_again = store.reserve(run_id="run-1", purpose="verify", ttl=100, domain=DOMAIN)
+
+    assert created is True
+    assert created_again is False
+    assert (again.mailbox_id, again.alias, again.address, again.fence) == (
+        first.mailbox_id,
+        first.alias,
+        first.address,
+        first.fence,
+    )
+    assert rows(db, "SELECT COUNT(*) FROM mailboxes") == [(1,)]
+    # A retried reserve takes no fence: the counter moved once, for the one mailbox.
+    assert fence_counter(db) == first.fence
+
+
+def test_reserve_is_idempotent_after_the_mailbox_was_used(store: Store, clock: Clock) -> None:
+    first = reserve(store)
+    message_id = deliver(store, first)
+    outcome = claim(store, first, message_id)
+    assert store.ack(message_id, outcome.fence).status is Status.CONSUMED
+    clock.advance(10)
+
+    again, created = store.reserve(run_id="run-1", purpose="verify", ttl=100, domain=DOMAIN)
+
+    assert created is False
+    assert (again.mailbox_id, again.fence) == (first.mailbox_id, first.fence)
+    assert again.state == Status.CONSUMED.value
+
+
+def test_reserve_with_another_purpose_or_run_gets_another_mailbox(store: Store) -> None:
+    first = reserve(store, run_id="run-1", purpose="verify")
+    other_purpose = reserve(store, run_id="run-1", purpose="reset")
+    other_run = reserve(store, run_id="run-2", purpose="verify")
+
+    assert len({first.mailbox_id, other_purpose.mailbox_id, other_run.mailbox_id}) == 3
+    assert len({first.address, other_purpose.address, other_run.address}) == 3
+    assert first.fence < other_purpose.fence < other_run.fence
+
+
+def test_reserve_after_expiry_gets_a_new_mailbox_with_a_higher_fence(
+    store: Store, clock: Clock, db: Path
+) -> None:
+    old = reserve(store, ttl=100)
+    old_message = deliver(store, old)
+    clock.advance(100.5)
+
+    new, created = store.reserve(run_id="run-1", purpose="verify", ttl=100, domain=DOMAIN)
+
+    assert created is True
+    assert new.mailbox_id != old.mailbox_id
+    assert new.address != old.address
+    assert new.fence > old.fence
+    assert new.expires_at == clock.now + 100
+    expired = store.mailbox(old.mailbox_id)
+    assert expired is not None
+    assert (expired.state, expired.close_reason, expired.closed_at) == (
+        Status.EXPIRED.value,
+        CloseReason.EXPIRED_TIMEOUT.value,
+        clock.now,
+    )
+
+    # The old handle is dead: its own mailbox refuses with `expired` ...
+    assert claim(store, old, old_message).status is Status.EXPIRED
+    assert store.release(old.mailbox_id, old.fence, CloseReason.RELEASED_SUCCESS).status is (
+        Status.EXPIRED
+    )
+    # ... its fence does not open the new mailbox ...
+    stale = store.claim(
+        mailbox_id=new.mailbox_id,
+        mailbox_fence=old.fence,
+        message_id=old_message,
+        holder="run-1",
+        lease=30,
+    )
+    assert stale.status is Status.FENCE_MISMATCH
+    assert stale.fence == old.fence  # the fence presented; the current one is never told
+    # ... and the new mailbox cannot take the old address's mail.
+    assert claim(store, new, old_message).status is Status.POLICY_DENIED
+    assert rows(db, "SELECT COUNT(*) FROM claims") == [(0,)]
+
+
+def test_reserve_at_the_exact_expiry_instant_is_a_new_mailbox(store: Store, clock: Clock) -> None:
+    old = reserve(store, ttl=100)
+    clock.now = old.expires_at
+
+    new = reserve(store, ttl=100)
+
+    assert new.mailbox_id != old.mailbox_id
+    assert new.fence > old.fence
+
+
+# -- release ------------------------------------------------------------------------------
+
+
+def test_release_ends_live_claims_and_refuses_every_later_operation(
+    store: Store, clock: Clock, db: Path
+) -> None:
+    mailbox = reserve(store)
+    held = deliver(store, mailbox, "held")
+    done = deliver(store, mailbox, "done")
+    waiting = deliver(store, mailbox, "waiting")
+    held_claim = claim(store, mailbox, held, lease=60)
+    done_claim = claim(store, mailbox, done, lease=60)
+    assert store.ack(done, done_claim.fence).status is Status.CONSUMED
+    clock.advance(1)
+
+    released = store.release(mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_SUCCESS)
+
+    assert released.status is Status.RELEASED
+    row = store.mailbox(mailbox.mailbox_id)
+    assert row is not None
+    assert (row.state, row.close_reason, row.closed_at) == (
+        "released",
+        "released_success",
+        clock.now,
+    )
+    # The live claim ended with the mailbox; the consumed one stays consumed.
+    assert rows(db, "SELECT fence, state, ended_at FROM claims ORDER BY fence") == [
+        (held_claim.fence, "released", clock.now),
+        (done_claim.fence, "consumed", clock.now - 1),
+    ]
+    held_row = store.message(held)
+    assert held_row is not None
+    assert (held_row.state, held_row.lease_until) == ("waiting", None)
+
+    before = snapshot(db)
+    refusals = [
+        claim(store, mailbox, waiting),
+        claim(store, mailbox, held),
+        claim(store, mailbox, done),
+        store.ack(held, held_claim.fence),
+        store.ack(done, done_claim.fence),
+        store.renew(held, held_claim.fence, 30),
+        store.release_claim(held, held_claim.fence),
+        store.release(mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_ERROR),
+    ]
+    assert [r.status for r in refusals] == [Status.RELEASED] * len(refusals)
+    assert snapshot(db) == before
+
+
+def test_release_with_a_stale_mailbox_fence_is_refused(store: Store, db: Path) -> None:
+    mailbox = reserve(store)
+    before = snapshot(db)
+
+    outcome = store.release(mailbox.mailbox_id, mailbox.fence + 1, CloseReason.RELEASED_SUCCESS)
+
+    assert outcome.status is Status.FENCE_MISMATCH
+    assert outcome.fence == mailbox.fence + 1  # the fence presented, not the current one
+    assert snapshot(db) == before
+
+
+def test_release_of_an_unknown_mailbox_is_policy_denied(store: Store) -> None:
+    outcome = store.release("mbx-nope", 1, CloseReason.RELEASED_SUCCESS)
+    assert outcome.status is Status.POLICY_DENIED
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+def test_mark_never_reopens_a_closed_mailbox(
+    store: Store, clock: Clock, db: Path, how: str
+) -> None:
+    mailbox = reserve(store, ttl=100)
+    message_id = deliver(store, mailbox)
+    if how == "released":
+        store.release(mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_ERROR)
+    else:
+        clock.advance(101)
+        assert store.reconcile()["mailboxes"] == 1
+    before = snapshot(db)
+
+    refused = store.mark(mailbox.mailbox_id, mailbox.fence, Status.WAITING, "any message")
+
+    assert refused is not None
+    assert refused.status.value == how
+    assert snapshot(db) == before
+    assert claim(store, mailbox, message_id).status.value == how
+
+
+# -- reconcile ----------------------------------------------------------------------------
+
+
+def test_reconcile_expires_overdue_mailboxes_and_leases_only(
+    store: Store, clock: Clock, db: Path
+) -> None:
+    short = reserve(store, run_id="short", ttl=10)
+    lapsing = reserve(store, run_id="lapsing", ttl=100)
+    live = reserve(store, run_id="live", ttl=100)
+    idle = reserve(store, run_id="idle", ttl=100)
+    in_short = deliver(store, short)
+    in_lapsing = deliver(store, lapsing)
+    in_live = deliver(store, live)
+    short_claim = claim(store, short, in_short, holder="short", lease=60)
+    lapsing_claim = claim(store, lapsing, in_lapsing, holder="lapsing", lease=5)
+    live_claim = claim(store, live, in_live, holder="live", lease=50)
+    assert short_claim.lease_until == short.expires_at  # a lease never outlives its mailbox
+    clock.advance(11)
+
+    counts = store.reconcile()
+
+    assert counts == {"mailboxes": 1, "leases": 1}
+    by_id = {r[0]: r[1:] for r in rows(db, "SELECT mailbox_id, state, close_reason FROM mailboxes")}
+    assert by_id == {
+        short.mailbox_id: ("expired", "expired_timeout"),
+        lapsing.mailbox_id: ("claimed", None),
+        live.mailbox_id: ("claimed", None),
+        idle.mailbox_id: ("reserved", None),
+    }
+    assert rows(db, "SELECT fence, state FROM claims ORDER BY fence") == [
+        (short_claim.fence, "expired"),
+        (lapsing_claim.fence, "expired"),
+        (live_claim.fence, "claimed"),
+    ]
+    messages = {
+        r[0]: r[1:] for r in rows(db, "SELECT message_id, state, lease_until, fence FROM messages")
+    }
+    assert messages == {
+        in_short: ("waiting", None, short_claim.fence),
+        in_lapsing: ("waiting", None, lapsing_claim.fence),
+        in_live: ("claimed", live_claim.lease_until, live_claim.fence),
+    }
+    statuses = [e["status"] for e in store.events(lapsing.mailbox_id)]
+    assert statuses[-1] == Status.LEASE_EXPIRED.value
+
+    # Idempotent: nothing is left to do, and nothing is written.
+    before = snapshot(db)
+    assert store.reconcile() == {"mailboxes": 0, "leases": 0}
+    assert snapshot(db) == before
+
+    # The reconciled lease can be claimed again, under a higher fence.
+    again = claim(store, lapsing, in_lapsing, holder="lapsing-2")
+    assert again.status is Status.CLAIMED
+    assert again.fence > live_claim.fence
+
+
+def test_reconcile_from_another_handle_on_the_same_file(db: Path, clock: Clock) -> None:
+    first = Store(db, clock=clock)
+    second = Store(db, clock=clock)
+    try:
+        mailbox = reserve(first, ttl=10)
+        clock.advance(10)
+
+        assert second.reconcile() == {"mailboxes": 1, "leases": 0}
+        assert first.reconcile() == {"mailboxes": 0, "leases": 0}
+        row = first.mailbox(mailbox.mailbox_id)
+        assert row is not None
+        assert row.state == "expired"
+    finally:
+        first.close()
+        second.close()
+
+
+def test_reading_an_overdue_mailbox_reconciles_it(store: Store, clock: Clock, db: Path) -> None:
+    mailbox = reserve(store, ttl=10)
+    clock.advance(10.5)
+    assert rows(db, "SELECT state FROM mailboxes") == [("reserved",)]
+
+    row = store.mailbox(mailbox.mailbox_id)
+
+    assert row is not None
+    assert (row.state, row.close_reason, row.closed_at) == ("expired", "expired_timeout", clock.now)
+    assert rows(db, "SELECT state FROM mailboxes") == [("expired",)]
+
+
+# -- Mailbox ------------------------------------------------------------------------------
+
+
+CONTRACT = EmailContract(purpose="verification", ttl=120, lease=30, timeout=5)
+
+
+def reserve_mailbox(store: Store, run_id: str = "r-mailbox") -> Mailbox:
+    return Mailbox.reserve(
+        store, contract=CONTRACT, domain="Mailbox.Test.", run_id=run_id, nodeid="t::test"
+    )
+
+
+def deliver_to(store: Store, mailbox: Mailbox, subject: str = "Verify your account") -> str:
+    [message_id] = store.deliver(
+        mail_from="noreply@app.example.test",
+        deliveries=[
+            Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+        ],
+        raw=raw_message(mailbox.address, subject),
+        subject=subject,
+        run_header=None,
+    )
+    return message_id
+
+
+def test_mailbox_reserve_is_idempotent_for_the_same_run(store: Store) -> None:
+    first = reserve_mailbox(store)
+    again = reserve_mailbox(store)
+
+    assert first.address.endswith("@mailbox.test")
+    assert first.address.startswith("verification-")
+    assert (again.mailbox_id, again.address, again.fence) == (
+        first.mailbox_id,
+        first.address,
+        first.fence,
+    )
+
+
+def test_mailbox_wait_for_claims_and_close_success_acks(
+    store: Store, clock: Clock, db: Path
+) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver_to(store, mailbox)
+    clock.advance(1)
+    claimed_at = clock.now
+
+    msg = mailbox.wait_for(subject_contains="Verify", timeout=5)
+
+    assert isinstance(msg, ClaimedMessage)
+    assert msg.message_id == message_id
+    assert msg.fence > mailbox.fence
+    assert msg.lease_until == utc(claimed_at + CONTRACT.lease)
+    row = store.message(message_id)
+    assert row is not None
+    assert (row.state, row.holder, row.fence) == ("claimed", mailbox.run_id, msg.fence)
+
+    clock.advance(2)
+    receipt = mailbox.close(success=True)
+
+    assert (receipt.state, receipt.close_reason) == ("released", "released_success")
+    assert receipt.released_at == utc(clock.now)
+    [seen] = receipt.messages
+    assert (seen.message_id, seen.state, seen.fence) == (message_id, "consumed", msg.fence)
+    assert seen.claimed_at == utc(claimed_at)
+    assert seen.consumed_at == utc(clock.now)
+    assert rows(db, "SELECT fence, state FROM claims") == [(msg.fence, "consumed")]
+    assert mailbox.state == "released"
+
+
+def test_mailbox_close_failure_gives_the_claim_back(store: Store, clock: Clock, db: Path) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver_to(store, mailbox)
+    msg = mailbox.wait_for(subject="Verify your account")
+    clock.advance(1)
+
+    receipt = mailbox.close(success=False)
+
+    assert (receipt.state, receipt.close_reason) == ("released", "released_error")
+    [seen] = receipt.messages
+    assert (seen.state, seen.fence, seen.consumed_at) == ("waiting", msg.fence, None)
+    assert seen.claimed_at == utc(clock.now - 1)
+    assert rows(db, "SELECT fence, state FROM claims") == [(msg.fence, "released")]
+    row = store.message(message_id)
+    assert row is not None
+    assert (row.state, row.consumed_at) == ("waiting", None)
+
+
+def test_mailbox_operations_after_close_raise_mailbox_closed(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver_to(store, mailbox)
+    msg = mailbox.wait_for(subject="Verify your account")
+    mailbox.close(success=False)
+
+    with pytest.raises(MailboxClosed) as acked:
+        msg.ack()
+    with pytest.raises(MailboxClosed) as claimed:
+        mailbox.claim(message_id)
+    with pytest.raises(MailboxClosed) as waited:
+        mailbox.wait_for(timeout=0)
+
+    assert {e.value.status for e in (acked, claimed, waited)} == {Status.RELEASED}
+    assert acked.value.result["detail"] == "released_error"
+    row = store.message(message_id)
+    assert row is not None
+    assert row.state == "waiting"
+
+
+def test_mailbox_close_success_does_not_ack_an_expired_lease(
+    store: Store, clock: Clock, db: Path
+) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver_to(store, mailbox)
+    msg = mailbox.wait_for(subject_contains="Verify", lease=5)
+    clock.advance(5)
+
+    receipt = mailbox.close(success=True)
+
+    assert receipt.close_reason == "released_success"
+    [seen] = receipt.messages
+    assert (seen.state, seen.consumed_at) == ("waiting", None)
+    assert rows(db, "SELECT COUNT(*) FROM claims WHERE state = 'consumed'") == [(0,)]
+    assert store.ack(message_id, msg.fence).status is Status.RELEASED
+
+
+def test_mailbox_close_after_expiry_keeps_expired_timeout(store: Store, clock: Clock) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver_to(store, mailbox)
+    mailbox.wait_for(subject_contains="Verify")
+    clock.advance(CONTRACT.ttl)
+
+    receipt = mailbox.close(success=True)
+
+    assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")
+    [seen] = receipt.messages
+    assert (seen.state, seen.consumed_at) == ("waiting", None)
+
+
+def test_mailbox_second_wait_does_not_reclaim_a_consumed_message(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver_to(store, mailbox)
+    first = mailbox.wait_for(subject_contains="Verify")
+    first.ack()
+
+    with pytest.raises(
+        TimeoutError, match=rf"{message_id}.*already consumed \(fence {first.fence}\)"
+    ):
+        mailbox.wait_for(subject_contains="Verify", timeout=0.05)
