@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from datetime import datetime
 from difflib import SequenceMatcher
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -92,6 +94,21 @@ def _raise_for(outcome: Outcome, what: str) -> Outcome:
     if error is None:
         raise MailboxClosed(message, status=outcome.status, result=outcome.as_dict())
     raise error(message, result=outcome.as_dict())
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Pause:
+    """Where a waiter paused: the signal generation and store version it saw, and until when."""
+
+    generation: int
+    version: int
+    until: float  # time.monotonic()
+
+    def remaining(self) -> float:
+        return self.until - time.monotonic()
 
 
 class ClaimedMessage(Message):
@@ -238,12 +255,37 @@ class Mailbox:
         **selector: Any,
     ) -> ClaimedMessage:
         """Wait for exactly one matching message and claim it under the contract's lease."""
-        chosen = self._selector(selector)
+        return self._run(self._wait_steps(self._selector(selector), timeout, lease))
+
+    async def wait_for_async(
+        self,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        **selector: Any,
+    ) -> ClaimedMessage:
+        """``wait_for`` for async tests: the same steps, awaiting instead of blocking."""
+        return await self._run_async(self._wait_steps(self._selector(selector), timeout, lease))
+
+    def expect_none(self, *, within: float, **selector: Any) -> None:
+        """Pass only if no matching message arrives within ``within`` seconds (a real wait)."""
+        self._run(self._none_steps(self._selector(selector), within))
+
+    async def expect_none_async(self, *, within: float, **selector: Any) -> None:
+        """``expect_none`` for async tests."""
+        await self._run_async(self._none_steps(self._selector(selector), within))
+
+    # One implementation of waiting: a generator of steps that yields each time it has to
+    # pause, driven by a blocking runner (_run) or an awaiting one (_run_async).
+
+    def _wait_steps(
+        self, chosen: Selector, timeout: float | None, lease: float | None
+    ) -> Generator[_Pause, None, ClaimedMessage]:
         limit = self.contract.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         self._mark_waiting(chosen)
         while True:
-            generation, version = self._signal.generation, self.store.data_version()
+            pause = self._pause_point(deadline)
             matches, misses = self._scan(chosen)
             if len(matches) > 1:
                 listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
@@ -258,17 +300,14 @@ class Mailbox:
                     return ClaimedMessage(
                         self.store.raw(matches[0].body_id), matches[0], self, outcome
                     )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if pause.remaining() <= 0:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
-            self._sleep(generation, version, remaining)
+            yield pause
 
-    def expect_none(self, *, within: float, **selector: Any) -> None:
-        """Pass only if no matching message arrives within ``within`` seconds (a real wait)."""
-        chosen = self._selector(selector)
+    def _none_steps(self, chosen: Selector, within: float) -> Generator[_Pause, None, None]:
         deadline = time.monotonic() + within
         while True:
-            generation, version = self._signal.generation, self.store.data_version()
+            pause = self._pause_point(deadline)
             matches, _ = self._scan(chosen, include_taken=True)
             if matches:
                 first = matches[0]
@@ -277,24 +316,49 @@ class Mailbox:
                     f"within {within:g}s, but {first.message_id} ({self._subject(first)!r}) arrived"
                 )
                 raise UnexpectedMessage(msg, result={"message_id": first.message_id})
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if pause.remaining() <= 0:
                 return
-            self._sleep(generation, version, remaining)
+            yield pause
 
-    def _sleep(self, generation: int, version: int, remaining: float) -> None:
-        """Sleep until this process's sink commits, another process commits, or time is up."""
+    def _pause_point(self, deadline: float) -> _Pause:
+        """What the store looks like now, taken before a scan so no commit slips between."""
         # Wake at the mailbox's expiry too, so the next scan reports it at once.
-        remaining = min(remaining, self._row.expires_at - self.store.clock())
-        deadline = time.monotonic() + remaining
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            if self._signal.wait(generation, min(POLL_INTERVAL, left)) != generation:
-                return
-            if self.store.data_version() != version:
-                return
+        expiry = time.monotonic() + self._row.expires_at - self.store.clock()
+        return _Pause(self._signal.generation, self.store.data_version(), min(deadline, expiry))
+
+    def _changed(self, pause: _Pause) -> bool:
+        return (
+            self._signal.generation != pause.generation
+            or self.store.data_version() != pause.version
+        )
+
+    def _run(self, steps: Generator[_Pause, None, _T]) -> _T:
+        """Drive the steps, blocking: the in-process signal wakes at once, the store is polled."""
+        try:
+            pause = next(steps)
+            while True:
+                while (left := pause.remaining()) > 0:
+                    self._signal.wait(pause.generation, min(POLL_INTERVAL, left))
+                    if self._changed(pause):
+                        break
+                pause = steps.send(None)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
+    async def _run_async(self, steps: Generator[_Pause, None, _T]) -> _T:
+        """Drive the steps, awaiting: the event loop stays free while the mailbox waits."""
+        try:
+            pause = next(steps)
+            while True:
+                while (left := pause.remaining()) > 0:
+                    await asyncio.sleep(min(POLL_INTERVAL, left))
+                    if self._changed(pause):
+                        break
+                pause = steps.send(None)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
 
     def _selector(self, given: dict[str, Any]) -> Selector:
         try:

@@ -1,0 +1,76 @@
+"""The async API: the same waiting steps as the sync one, awaited on the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from email.message import EmailMessage
+
+import aiosmtplib
+import pytest
+
+from pytest_mailbox import Mailbox, MailSink, UnexpectedMessage, WaitTimeout
+
+
+def _mail(to: str, subject: str) -> EmailMessage:
+    mail = EmailMessage()
+    mail["From"] = "noreply@app.example.test"
+    mail["To"] = to
+    mail["Subject"] = subject
+    mail.set_content("Enter 271828 to continue.")
+    return mail
+
+
+async def _app_sends(server: MailSink, to: str, subject: str, started: asyncio.Event) -> None:
+    """The app: another task on the same loop, which can only run while the test awaits."""
+    started.set()
+    await aiosmtplib.send(_mail(to, subject), hostname=server.host, port=server.port)
+
+
+@pytest.mark.asyncio
+async def test_awaits_its_message_while_the_app_sends_from_another_task(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    started = asyncio.Event()
+    sender = asyncio.create_task(
+        _app_sends(mailbox_server, isolated_mailbox.address, "Your sign-in code", started)
+    )
+    assert not started.is_set()  # the app task has not run: it needs the loop to be free
+    msg = await isolated_mailbox.wait_for_async(subject_contains="sign-in", timeout=10)
+    await sender
+    assert started.is_set()
+    assert msg.code() == "271828"
+    msg.ack()
+    assert isolated_mailbox.state == "consumed"
+
+
+@pytest.mark.asyncio
+async def test_async_timeout_lists_near_misses(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    await aiosmtplib.send(
+        _mail(isolated_mailbox.address, "Welcome"),
+        hostname=mailbox_server.host,
+        port=mailbox_server.port,
+    )
+    with pytest.raises(WaitTimeout) as info:
+        await isolated_mailbox.wait_for_async(subject_contains="Verify", timeout=0.2)
+    assert "subject does not contain 'Verify'" in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_expect_none_async_sees_mail_sent_during_the_window(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    started = asyncio.Event()
+    sender = asyncio.create_task(
+        _app_sends(mailbox_server, isolated_mailbox.address, "Unexpected", started)
+    )
+    with pytest.raises(UnexpectedMessage, match="'Unexpected'"):
+        await isolated_mailbox.expect_none_async(within=30)
+    await sender
+
+
+@pytest.mark.asyncio
+async def test_expect_none_async_passes_on_silence(isolated_mailbox: Mailbox) -> None:
+    await isolated_mailbox.expect_none_async(within=0.1)
+    assert isolated_mailbox.state == "reserved"
