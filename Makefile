@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := .demo
 
-.PHONY: bootstrap demo test lint typecheck unit clean
+.PHONY: bootstrap demo test lint typecheck docs unit clean
 
 bootstrap: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,11 +28,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 unit: $(STAMP)
 	$(BIN)/coverage erase
 	$(BIN)/python -m pytest -W error -n 2 --cov --cov-report=term-missing:skip-covered
 
-test: lint typecheck unit
+test: lint typecheck docs unit
 
 clean:
 	rm -rf $(VENV) $(DEMO) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
