@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import enum
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+if sys.version_info >= (3, 11):
+    from re import _constants as _sre_constants
+    from re import _parser as _sre_parse
+else:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre_constants
+    import sre_parse as _sre_parse
+
 __all__ = [
+    "AgentEvidence",
     "Checkpoint",
     "CloseReason",
     "EmailContract",
@@ -74,13 +83,21 @@ class EmailContract(BaseModel):
 
     purpose: str = Field(default="mail", pattern=_PURPOSE)
     ttl: int = Field(default=300, gt=0)
-    lease: float = Field(default=60.0, gt=0)
-    timeout: float = Field(default=10.0, gt=0)
+    lease: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     max_reads: int = Field(default=3, ge=1)
     max_resends: int = Field(default=1, ge=0)
     mode: Literal["live", "dry-run"] = "live"
     link_domains: tuple[str, ...] = ()
     run_header: str = Field(default="X-Run-Id", pattern=r"^[A-Za-z0-9-]{1,64}$")
+
+    @field_validator("ttl", "lease", "timeout", "max_reads", "max_resends", mode="before")
+    @classmethod
+    def _not_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # pydantic would read True as 1
+            msg = "Input should be a number, not a bool"
+            raise ValueError(msg)
+        return value
 
     @field_validator("link_domains")
     @classmethod
@@ -160,9 +177,25 @@ class Selector(BaseModel):
         if value is not None:
             try:
                 re.compile(value)
-            except re.error as exc:
+            except Exception as exc:  # re.error, OverflowError, RecursionError
                 msg = f"not a valid regular expression ({exc})"
                 raise ValueError(msg) from None
+            if _nested_repeat(_sre_parse.parse(value)):
+                msg = (
+                    "the pattern repeats a group that itself repeats a variable number of "
+                    "times, as in (a+)+ or (\\w+\\s?)*, which can backtrack for hours on a "
+                    "long message; rewrite it without the nesting, or use subject_contains "
+                    "/ body_contains"
+                )
+                raise ValueError(msg)
+        return value
+
+    @field_validator("subject", "subject_contains")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and ("\r" in value or "\n" in value):
+            msg = "a subject has no line breaks: folded subjects are compared unfolded"
+            raise ValueError(msg)
         return value
 
     @field_validator("header")
@@ -171,12 +204,70 @@ class Selector(BaseModel):
         if value is not None and not re.fullmatch(r"[!-9;-~]{1,76}", value[0]):
             msg = "a header name is printable ASCII without ':', spaces or line breaks"
             raise ValueError(msg)
+        if value is not None and ("\r" in value[1] or "\n" in value[1]):
+            msg = "a header value has no line breaks: headers are compared unfolded"
+            raise ValueError(msg)
         return value
 
     def describe(self) -> str:
         """``subject_contains='Verify', sender='a@b'``: the fields that were given."""
         given = self.model_dump(exclude_none=True)
         return ", ".join(f"{k}={v!r}" for k, v in given.items()) or "any message"
+
+
+_REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT)
+
+
+def _nested_repeat(pattern: Any) -> bool:
+    """True if a repeated group can be matched by a variable repeat inside it alone.
+
+    That is the shape of catastrophic backtracking (``(a+)+``, ``(\\w+\\s?)*``, ``(a*)*``):
+    a failing search tries every way to split the text between the two repeats. A group
+    with a required part of its own (``(\\w+\\.)+``) splits one way only and is allowed;
+    possessive repeats and atomic groups never backtrack and are left alone.
+    """
+    for op, av in pattern:
+        if op in _REPEATS:
+            high, body = av[1], av[2]
+            if high > 1 and _dominated(body, unbounded=high == _sre_constants.MAXREPEAT):
+                return True
+            children = [body]
+        else:
+            children = _children(op, av)
+        if any(_nested_repeat(child) for child in children):
+            return True
+    return False
+
+
+def _dominated(body: Any, *, unbounded: bool) -> bool:
+    """True if one variable repeat in ``body`` can match while everything else is empty."""
+    items = list(body)
+    required = [
+        i for i, item in enumerate(items) if _sre_parse.SubPattern(body.state, [item]).getwidth()[0]
+    ]
+    for i, (op, av) in enumerate(items):
+        if any(j != i for j in required):
+            continue
+        if op in _REPEATS:
+            low, high = av[0], av[1]
+            if low != high and (unbounded or high == _sre_constants.MAXREPEAT):
+                return True
+        elif any(_dominated(child, unbounded=unbounded) for child in _children(op, av)):
+            return True
+    return False
+
+
+def _children(op: Any, av: Any) -> list[Any]:
+    """The sub-patterns of a group, an alternation, a lookaround or a conditional."""
+    if op is _sre_constants.SUBPATTERN:
+        return [av[-1]]
+    if op is _sre_constants.BRANCH:
+        return list(av[1])
+    if op in (_sre_constants.ASSERT, _sre_constants.ASSERT_NOT):
+        return [av[1]]
+    if op is _sre_constants.GROUPREF_EXISTS:
+        return [branch for branch in av[1:] if branch is not None]
+    return []
 
 
 def utc(ts: float) -> datetime:
@@ -214,6 +305,22 @@ class ReceiptEvent(BaseModel):
     detail: str = ""
 
 
+class AgentEvidence(BaseModel):
+    """One agent tool call: ``proposed → allowed → executed`` (or ``refused``), or ``rejected``."""
+
+    at: datetime
+    run_id: str
+    mailbox_id: str
+    tool_call_id: str
+    tool: str
+    mode: Literal["live", "dry-run"]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    steps: list[str]
+    status: str
+    reason: str | None = None
+    latency_ms: float
+
+
 class Receipt(BaseModel):
     """The small, secret-free record of one run: reserved, saw, claimed, consumed, closed."""
 
@@ -232,6 +339,7 @@ class Receipt(BaseModel):
     released_at: datetime | None = None
     messages: list[MessageReceipt] = Field(default_factory=list)
     events: list[ReceiptEvent] = Field(default_factory=list)
+    evidence: list[AgentEvidence] | None = None
 
     def timeline(self) -> str:
         """A readable, secret-free timeline for a failure report."""

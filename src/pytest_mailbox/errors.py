@@ -11,6 +11,7 @@ __all__ = [
     "AlreadyConsumed",
     "AmbiguousMatch",
     "ContractError",
+    "ExposedSinkWarning",
     "ExtractionError",
     "FenceMismatch",
     "LeaseExpired",
@@ -35,6 +36,10 @@ class ContractError(MailboxError, ValueError):
     """A contract, selector or option value is invalid; the message names the field."""
 
     status = Status.POLICY_DENIED
+
+
+class ExposedSinkWarning(UserWarning):
+    """The sink listens on an address that other machines can reach (``mailbox_host``)."""
 
 
 class ExtractionError(MailboxError, ValueError):

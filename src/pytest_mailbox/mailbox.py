@@ -10,7 +10,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime
 from difflib import SequenceMatcher
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -44,6 +44,9 @@ from pytest_mailbox.message import Message, digest
 from pytest_mailbox.sink import Signal, normalize_domain
 from pytest_mailbox.store import MailboxRow, MessageRow, Outcome, Store
 
+if TYPE_CHECKING:
+    from pytest_mailbox.agent import AgentTools
+
 __all__ = ["ClaimedMessage", "Mailbox", "mask_secrets", "new_run_id"]
 
 #: How often a waiter looks at the store for mail that another process's sink took.
@@ -56,6 +59,7 @@ _EXCEPTIONS: dict[Status, type[MailboxError]] = {
     Status.LEASE_EXPIRED: LeaseExpired,
 }
 _DIGITS = re.compile(r"\d{4,}")
+_FAULT_REPLY = re.compile(r"[45]\d\d(?: [ -~]{1,200})?")
 
 
 def new_run_id() -> str:
@@ -175,6 +179,7 @@ class Mailbox:
         self._since: Checkpoint | None = None
         self._parsed: dict[int, Message] = {}
         self._waited = False
+        self._agent: AgentTools | None = None
 
     @classmethod
     def reserve(
@@ -523,6 +528,33 @@ class Mailbox:
         """End the reservation; every later operation on it is refused."""
         return self.store.release(self.mailbox_id, self.fence, reason)
 
+    def inject_fault(
+        self, *, stage: str, reply: str = "451 4.3.0 Try again later", times: int = 1
+    ) -> None:
+        """Make the sink answer ``reply`` at ``stage`` for this alias only, ``times`` times.
+
+        ``stage="RCPT"`` refuses the recipient, ``stage="DATA"`` refuses the whole message;
+        either way nothing is stored, so a test can prove how the app retries or gives up.
+        Every sink of the run honours it (faults live in the shared store).
+        """
+        if stage not in ("RCPT", "DATA"):
+            msg = f"inject_fault: stage={stage!r} is invalid; allowed: 'RCPT' or 'DATA'"
+            raise ContractError(msg)
+        if not _FAULT_REPLY.fullmatch(reply):
+            msg = (
+                f"inject_fault: reply={reply!r} is invalid; allowed: a 4xx or 5xx SMTP reply on "
+                "one line of printable ASCII, e.g. '451 4.3.0 Try again later'"
+            )
+            raise ContractError(msg)
+        if isinstance(times, bool) or not isinstance(times, int) or not 1 <= times <= 1000:
+            msg = f"inject_fault: times={times!r} is invalid; allowed: an integer 1..1000"
+            raise ContractError(msg)
+        refused = self.store.add_fault(
+            self.mailbox_id, self.fence, stage=stage, reply=reply, times=times
+        )
+        if refused is not None:
+            _raise_for(refused, "inject_fault")
+
     def close(self, *, success: bool) -> Receipt:
         """Teardown: ack (on success) or give back (on failure) live claims, release, receipt."""
         row = self.store.mailbox(self.mailbox_id)
@@ -589,4 +621,20 @@ class Mailbox:
                 ReceiptEvent(at=utc(e["at"]), status=e["status"], detail=e["detail"])
                 for e in self.store.events(self.mailbox_id)
             ],
+            evidence=self._agent.evidence() if self._agent is not None else None,
         )
+
+    # -- agent surface -----------------------------------------------------------------
+
+    def agent_tools(
+        self, *, ttl_max: int | None = None, resend: Callable[[str], object] | None = None
+    ) -> AgentTools:
+        """Tools for an LLM agent bound to this run (DESIGN §7); their evidence joins the receipt.
+
+        ``ttl_max`` caps the ttl an agent may ask for (default: the contract's ttl);
+        ``resend(address)`` makes the app send its mail again, offered as ``request_resend``.
+        """
+        from pytest_mailbox.agent import AgentTools  # noqa: PLC0415 - agent imports this module
+
+        self._agent = AgentTools(self, ttl_max=ttl_max, resend=resend)
+        return self._agent

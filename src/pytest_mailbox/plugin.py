@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -9,12 +10,18 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pytest_mailbox.contract import CONTRACT_FIELDS, EmailContract, describe_validation_error
+from pytest_mailbox.contract import (
+    CONTRACT_FIELDS,
+    EmailContract,
+    Receipt,
+    describe_validation_error,
+)
 from pytest_mailbox.contract import dump_receipt as _dump_receipt
+from pytest_mailbox.errors import ExposedSinkWarning
 from pytest_mailbox.mailbox import Mailbox
 from pytest_mailbox.receipts import RECEIPT_PROPERTY
 from pytest_mailbox.settings import OPTIONS, Settings
-from pytest_mailbox.sink import MailSink, Signal, SinkError, SmtpEndpoint
+from pytest_mailbox.sink import MailSink, Signal, SinkError, SmtpEndpoint, is_loopback
 from pytest_mailbox.store import Store
 
 STORE_NAME = "pytest-mailbox.sqlite3"
@@ -53,9 +60,12 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = Settings.resolve(
             cli={o.name: config.getoption(f"mailbox_{o.name}") for o in OPTIONS},
             ini={o.name: config.getini(o.ini) for o in OPTIONS},
+            ini_keys=_ini_keys(config),
         )
     except ValueError as exc:
         raise pytest.UsageError(f"pytest-mailbox: {exc}") from None
+    if not is_loopback(settings.host) and not _is_worker(config):
+        _warn_exposed(config, settings.host)
     config.stash[_settings_key] = settings
     config.stash[_signal_key] = Signal()
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
@@ -63,12 +73,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
     if settings.receipts is not None and not _is_worker(config):
         config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
+    if config.pluginmanager.hasplugin("html") and not _is_worker(config):
+        config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     settings = config.stash[_settings_key]
     port = settings.port or "a free port per worker"
     return f"mailbox: {settings.domain} on {settings.host}:{port}, ttl_max {settings.ttl_max}s"
+
+
+def _ini_keys(config: pytest.Config) -> list[str]:
+    """Every key of the ini file (pytest 9 keeps them in ``_inicfg``, pytest 8 in ``inicfg``)."""
+    found = config.__dict__.get("_inicfg", config.__dict__.get("inicfg", {}))
+    return [str(key) for key in found]
+
+
+def _warn_exposed(config: pytest.Config, host: str) -> None:
+    """A sink off loopback takes mail from other machines: say so, once, on the controller."""
+    warning = ExposedSinkWarning(
+        f"pytest-mailbox: the SMTP sink listens on {host} (mailbox_host), not on loopback: "
+        "other machines can connect and send mail into this run. Keep 127.0.0.1 unless the "
+        "app under test runs elsewhere (a container); then acknowledge it with "
+        "-W 'ignore::pytest_mailbox.ExposedSinkWarning'"
+    )
+    try:
+        config.issue_config_time_warning(warning, stacklevel=2)
+    except ExposedSinkWarning as exc:  # -W error (or filterwarnings) made it an error
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -94,6 +126,9 @@ def _new_sink(config: pytest.Config, store: Store, port: int) -> MailSink:
         host=settings.host,
         port=port,
         max_message_size=settings.max_message_size,
+        max_recipients=settings.max_recipients,
+        idle_timeout=settings.idle_timeout,
+        data_policy=settings.data_policy,
         signal=config.stash[_signal_key],
         name=_worker_name(config),
     )
@@ -266,3 +301,26 @@ def pytest_terminal_summary(
     counts = config.stash.get(_stats_key, None)
     if counts is not None:
         terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+
+
+class _HtmlReceipts:
+    """pytest-html: each test's row shows its receipt's timeline (registered only with it)."""
+
+    def __init__(self) -> None:
+        self.receipts: dict[str, list[Receipt]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Runs before pytest-html's own (trylast) logreport, which renders the row.
+        if report.when == "teardown":
+            self.receipts[report.nodeid] = [
+                Receipt.model_validate_json(str(value))
+                for name, value in report.user_properties
+                if name == RECEIPT_PROPERTY
+            ]
+
+    def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
+        for receipt in self.receipts.get(report.nodeid, []):
+            data.append(
+                f'<div class="mailbox-receipt" data-run-id="{html.escape(receipt.run_id)}">'
+                f"<pre>{html.escape(receipt.timeline())}</pre></div>"
+            )

@@ -6,8 +6,11 @@ Values are validated once; a bad one is refused with the setting's name and what
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +18,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from pytest_mailbox.contract import CONTRACT_FIELDS, EmailContract, describe_validation_error
-from pytest_mailbox.sink import normalize_domain
+from pytest_mailbox.sink import (
+    DATA_POLICIES,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_RECIPIENTS,
+    normalize_domain,
+)
 
 __all__ = ["OPTIONS", "Option", "Settings", "options_table"]
+
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 
 
 def _int(low: int, high: int) -> Callable[[str], int]:
@@ -32,16 +42,46 @@ def _int(low: int, high: int) -> Callable[[str], int]:
 
 def _number(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(text)
     return value
+
+
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not low <= value <= high:  # also refuses nan
+            raise ValueError(text)
+        return value
+
+    return parse
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(text)
+        return text
+
+    return parse
+
+
+def _host(text: str) -> str:
+    if text.lower() != "localhost":
+        ipaddress.ip_address(text)  # ValueError if not an address
+    return text
+
+
+def _path(text: str) -> str:
+    if text and Path(text).is_dir():
+        raise ValueError(text)
+    return text
 
 
 def _domains(text: str) -> tuple[str, ...]:
     domains = tuple(normalize_domain(d) for d in text.replace(",", " ").split())
     for domain in domains:
-        labels = domain.split(".")
-        if not all(label and len(label) <= 63 for label in labels):
+        if not all(_LABEL.fullmatch(label) for label in domain.split(".")):
             raise ValueError(domain)
     return domains
 
@@ -51,12 +91,6 @@ def _domain(text: str) -> str:
     if not domain:
         raise ValueError(text)
     return domain
-
-
-def _mode(text: str) -> str:
-    if text not in ("live", "dry-run"):
-        raise ValueError(text)
-    return text
 
 
 @dataclass(frozen=True)
@@ -99,10 +133,10 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "host",
-        "Address the sink binds; anything but loopback is reachable by others",
+        "Address the sink binds; anything but loopback is reachable by others (and warns)",
         "127.0.0.1",
-        "an IP address",
-        str,
+        "an IP address, or localhost",
+        _host,
     ),
     Option(
         "port",
@@ -119,13 +153,40 @@ OPTIONS: tuple[Option, ...] = (
         _int(1024, 1 << 30),
     ),
     Option(
+        "max_recipients",
+        "Recipients one message may have; RCPT past it gets 452",
+        str(DEFAULT_MAX_RECIPIENTS),
+        "an integer 1..10000",
+        _int(1, 10000),
+    ),
+    Option(
+        "idle_timeout",
+        "Seconds a client may stay silent (or spend on one command) before it is cut off",
+        f"{DEFAULT_IDLE_TIMEOUT:g}",
+        "seconds 0.1..3600",
+        _seconds(0.1, 3600),
+    ),
+    Option(
+        "data_policy",
+        "DATA with a bare CR, bare LF or NUL: store it and flag it, or refuse it (554)",
+        DATA_POLICIES[0],
+        " or ".join(repr(p) for p in DATA_POLICIES),
+        _choice(*DATA_POLICIES),
+    ),
+    Option(
         "ttl_max",
         "Longest mailbox ttl a test may ask for, in seconds",
         "3600",
         "an integer 1..86400",
         _int(1, 86400),
     ),
-    Option("receipts", "Write every run's receipt to this JSON Lines file", "", "a file path", str),
+    Option(
+        "receipts",
+        "Write every run's receipt to this JSON Lines file",
+        "",
+        "a file path (not a directory)",
+        _path,
+    ),
     Option(
         "purpose",
         "Default purpose of a test's mailbox (alias prefix)",
@@ -152,7 +213,13 @@ OPTIONS: tuple[Option, ...] = (
         CONTRACT_FIELDS["max_resends"],
         _int(0, 1000),
     ),
-    Option("mode", "Default agent tool mode", "live", CONTRACT_FIELDS["mode"], _mode),
+    Option(
+        "mode",
+        "Default agent tool mode",
+        "live",
+        CONTRACT_FIELDS["mode"],
+        _choice("live", "dry-run"),
+    ),
     Option(
         "link_domains",
         "Hosts that link() may return (default: any)",
@@ -183,6 +250,9 @@ class Settings:
     host: str
     port: int
     max_message_size: int
+    max_recipients: int
+    idle_timeout: float
+    data_policy: str
     ttl_max: int
     receipts: Path | None
     contract: EmailContract
@@ -193,9 +263,15 @@ class Settings:
         cli: Mapping[str, str | None],
         ini: Mapping[str, str | None],
         env: Mapping[str, str] | None = None,
+        ini_keys: Iterable[str] = (),
     ) -> Settings:
-        """Overlay the sources and validate; ``ValueError`` names the setting and its values."""
+        """Overlay the sources and validate; ``ValueError`` names the setting and its values.
+
+        ``ini_keys`` are every key of the ini file: a ``mailbox_*`` key or ``PYTEST_MAILBOX_*``
+        variable that is no setting (a typo) is refused rather than silently ignored.
+        """
         env = os.environ if env is None else env
+        _refuse_unknown(ini_keys, env)
         values: dict[str, Any] = {}
         for option in OPTIONS:
             text, source = option.default, option.ini
@@ -223,10 +299,27 @@ class Settings:
             host=values["host"],
             port=values["port"],
             max_message_size=values["max_message_size"],
+            max_recipients=values["max_recipients"],
+            idle_timeout=values["idle_timeout"],
+            data_policy=values["data_policy"],
             ttl_max=values["ttl_max"],
             receipts=Path(values["receipts"]) if values["receipts"] else None,
             contract=contract,
         )
+
+
+def _refuse_unknown(ini_keys: Iterable[str], env: Mapping[str, str]) -> None:
+    for given, prefix, known in (
+        (ini_keys, "mailbox_", [o.ini for o in OPTIONS]),
+        (env, "PYTEST_MAILBOX_", [o.env for o in OPTIONS]),
+    ):
+        unknown = sorted(k for k in given if k.startswith(prefix) and k not in known)
+        if unknown:
+            where = "ini key" if prefix == "mailbox_" else "environment variable"
+            msg = (
+                f"unknown {where} {unknown[0]!r}; pytest-mailbox knows: {', '.join(sorted(known))}"
+            )
+            raise ValueError(msg)
 
 
 def options_table() -> str:

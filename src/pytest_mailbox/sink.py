@@ -3,34 +3,63 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import errno
+import ipaddress
 import logging
+import re
 import socket
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, AnyStr
 
-from aiosmtpd.smtp import SMTP, Envelope, Session
+from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
 from pytest_mailbox.message import Message
 from pytest_mailbox.store import Delivery, Store
 
 __all__ = [
+    "DATA_POLICIES",
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_RECIPIENTS",
     "MailSink",
     "Signal",
     "SinkError",
     "SmtpEndpoint",
+    "is_loopback",
     "normalize_domain",
     "split_address",
+    "transport_defects",
 ]
 
 log = logging.getLogger("pytest_mailbox.sink")
 
+#: Recipients one message may have; RCPT past it gets ``452 4.5.3``.
+DEFAULT_MAX_RECIPIENTS = 100
+#: Seconds a client may stay silent (or spend on one command, DATA included).
+DEFAULT_IDLE_TIMEOUT = 300.0
+#: What DATA with a bare CR, a bare LF or a NUL gets: stored and flagged, or refused.
+DATA_POLICIES = ("flag", "refuse")
+
 #: aiosmtpd's logger; it writes DATA lines (message content) at DEBUG.
 _AIOSMTPD_LOGGER = "mail.log"
 _CONTENT_LOGS = ("DATA readline", "_handle_client readline", "%r << %r", "%r >> %r")
+#: aiosmtpd logs the first word of an unknown command, which may be a line of a message.
+_UNKNOWN_COMMAND_LOG = "%r unrecognised: %s"
+
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+_BARE_CR = re.compile(rb"\r(?!\n)")
+_TRANSPORT_DEFECTS = {"bare_lf": "bare LF", "bare_cr": "bare CR", "nul": "NUL byte"}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_HTTP_VERBS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "CONNECT", "PATCH", "TRACE")
+#: aiosmtpd replies that quote what the client sent; the sink answers without the quote.
+_ECHOING_REPLIES = (
+    ('500 Error: command "', "500 5.5.1 Error: command not recognized"),
+    ("502 Could not VRFY", "502 5.5.1 Could not VRFY that address"),
+)
 
 
 class SinkError(RuntimeError):
@@ -60,7 +89,40 @@ class _NoContent(logging.Filter):
     """Drop aiosmtpd records that carry message data or raw protocol lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith(_CONTENT_LOGS))
+        if not isinstance(record.msg, str):
+            return True
+        if record.msg == _UNKNOWN_COMMAND_LOG:
+            peer = record.args[:1] if isinstance(record.args, tuple) else ("?",)
+            record.msg, record.args = "%r sent an unrecognised command", peer
+        return not record.msg.startswith(_CONTENT_LOGS)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses: reachable from this machine only."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def transport_defects(raw: bytes) -> list[str]:
+    """What RFC 5321 forbids in DATA but sloppy clients send: ``bare_lf``, ``bare_cr``, ``nul``."""
+    found = []
+    if _BARE_LF.search(raw):
+        found.append("bare_lf")
+    if _BARE_CR.search(raw):
+        found.append("bare_cr")
+    if b"\0" in raw:
+        found.append("nul")
+    return found
+
+
+def _shown(text: str) -> str:
+    """Client text fit to quote in a reply: printable ASCII only, at most 100 characters."""
+    kept = "".join(c for c in text if " " < c <= "~")[:100]
+    return kept or "(unprintable)"
 
 
 def normalize_domain(domain: str) -> str:
@@ -81,21 +143,57 @@ def split_address(address: str) -> tuple[str, str | None, str] | None:
     return alias, (tag if plus else None), normalize_domain(domain)
 
 
+def _address_problem(address: str, smtputf8: bool) -> str | None:
+    """The refusal for an envelope address that is not plain text, or None."""
+    if _SURROGATE.search(address):
+        return "553 5.6.7 The address is not valid UTF-8"
+    if _CONTROL.search(address):
+        return "553 5.1.3 The address contains control characters"
+    if not address.isascii() and not smtputf8:
+        return (
+            "553 5.6.7 A non-ASCII address needs SMTPUTF8: "
+            "send MAIL FROM:<...> SMTPUTF8 (the sink offers it in EHLO)"
+        )
+    return None
+
+
 class _Handler:
     """aiosmtpd hooks: accept test domains only, store complete messages, never echo."""
 
     def __init__(self, sink: MailSink) -> None:
         self.sink = sink
 
+    async def handle_MAIL(  # noqa: N802 - aiosmtpd hook name
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
+    ) -> str:
+        problem = _address_problem(address, envelope.smtp_utf8)
+        if problem is not None:
+            return problem
+        envelope.mail_from = address
+        envelope.mail_options.extend(options)
+        return "250 2.1.0 OK"
+
     async def handle_RCPT(  # noqa: N802 - aiosmtpd hook name
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
     ) -> str:
+        limit = self.sink.max_recipients
+        if len(envelope.rcpt_tos) >= limit:
+            return (
+                f"452 4.5.3 Too many recipients: at most {limit} per message; "
+                "send the rest in another message"
+            )
+        problem = _address_problem(address, envelope.smtp_utf8)
+        if problem is not None:
+            return problem
         parts = split_address(address)
         if parts is None:
             return "553 5.1.3 Recipient address is not of the form local@domain"
         domain = parts[2]
         if domain not in self.sink.domains:
-            return f"550 5.7.1 Relaying denied: {domain} is not a test domain of this sink"
+            return f"550 5.7.1 Relaying denied: {_shown(domain)} is not a test domain of this sink"
+        fault = self.sink.store.take_fault(parts[0], domain, "RCPT")
+        if fault is not None:
+            return fault
         envelope.rcpt_tos.append(address)
         envelope.rcpt_options.extend(options)
         return "250 2.1.5 OK"
@@ -104,6 +202,13 @@ class _Handler:
         self, server: SMTP, session: Session, envelope: Envelope
     ) -> str:
         raw = envelope.original_content or b""
+        flags = transport_defects(raw)
+        if flags and self.sink.data_policy == "refuse":
+            found = ", ".join(_TRANSPORT_DEFECTS[f] for f in flags)
+            return (
+                f"554 5.6.0 Message refused: {found} in DATA; lines must end with CRLF "
+                "(mailbox_data_policy=refuse); nothing was stored"
+            )
         deliveries = []
         for rcpt in envelope.rcpt_tos:
             parts = split_address(rcpt)
@@ -111,21 +216,37 @@ class _Handler:
                 deliveries.append(
                     Delivery(rcpt=rcpt, alias=parts[0], tag=parts[1], domain=parts[2])
                 )
+        for delivery in deliveries:
+            fault = self.sink.store.take_fault(delivery.alias, delivery.domain, "DATA")
+            if fault is not None:  # a scripted failure: the whole message is refused
+                return fault
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(
-            self.sink._writer, self.sink.accept, envelope.mail_from, deliveries, raw
-        )
+        try:
+            await loop.run_in_executor(
+                self.sink._writer, self.sink.accept, envelope.mail_from, deliveries, raw, flags
+            )
+        except Exception as exc:
+            # The type only: an exception's text may quote the message or the store's internals.
+            log.error("pytest-mailbox sink could not store a message: %s", type(exc).__name__)
+            return "451 4.3.0 Internal error in the test mail sink; the message was not stored"
         return "250 2.0.0 Message accepted"
 
     async def handle_exception(self, error: Exception) -> str:
         log.error("pytest-mailbox sink error: %s", type(error).__name__)
-        return "451 4.3.0 Internal error in the test mail sink; the message was not stored"
+        return "451 4.3.0 Internal error in the test mail sink"
 
 
 class _Protocol(SMTP):
-    """aiosmtpd's SMTP protocol, tracked so ``stop()`` can close open connections."""
+    """aiosmtpd's SMTP protocol with the sink's limits, tracked so ``stop()`` can close it.
+
+    On top of aiosmtpd: replies never quote the client, an idle client gets ``421`` before
+    the hang-up, an HTTP request or a client that talks before its reply (the sink offers
+    no PIPELINING: early talkers, blind senders) is answered and disconnected.
+    """
 
     def __init__(self, sink: MailSink, **kwargs: Any) -> None:
+        # aiosmtpd keeps these limits on the class and every EHLO adds to them: keep our own.
+        self.command_size_limits = collections.defaultdict(lambda: SMTP.command_size_limit)
         super().__init__(_Handler(sink), **kwargs)
         self._sink = sink
 
@@ -138,6 +259,65 @@ class _Protocol(SMTP):
         if isinstance(self.transport, asyncio.Transport):
             self._sink._transports.discard(self.transport)
         super().connection_lost(exc)
+
+    async def push(self, status: AnyStr) -> None:
+        if isinstance(status, str):
+            for quoting, replacement in _ECHOING_REPLIES:
+                if status.startswith(quoting):
+                    status = replacement
+        await super().push(status)
+
+    def _timeout_cb(self) -> None:
+        transport = self.transport
+        if isinstance(transport, asyncio.Transport) and not transport.is_closing():
+            transport.write(f"421 4.4.2 {self.hostname} Error: timeout exceeded\r\n".encode())
+        super()._timeout_cb()  # type: ignore[no-untyped-call]
+
+    async def _hang_up(self, reply: str) -> None:
+        """Answer, forget whatever else the client sent, and close the connection."""
+        await self.push(reply)
+        buffered = getattr(self._reader, "_buffer", None)
+        if isinstance(buffered, bytearray):
+            buffered.clear()
+        if self._handler_coroutine is not None:
+            self._handler_coroutine.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _out_of_sync(self, command: str) -> bool:
+        """True (and hung up) if the client sent more before the reply to ``command``."""
+        if not getattr(self._reader, "_buffer", b""):
+            return False
+        log.warning("pytest-mailbox sink: a client sent data before the reply to %s", command)
+        await self._hang_up(
+            f"554 5.5.0 Error: SMTP protocol synchronization: data arrived before the reply "
+            f"to {command}, and this server does not offer PIPELINING"
+        )
+        return True
+
+    @syntax("HELO hostname")
+    async def smtp_HELO(self, hostname: str) -> None:  # noqa: N802 - aiosmtpd command name
+        if not await self._out_of_sync("HELO"):
+            await super().smtp_HELO(hostname)
+
+    @syntax("EHLO hostname")
+    async def smtp_EHLO(self, hostname: str) -> None:  # noqa: N802 - aiosmtpd command name
+        if not await self._out_of_sync("EHLO"):
+            self.command_size_limits.clear()
+            await super().smtp_EHLO(hostname)
+
+    @syntax("DATA")
+    async def smtp_DATA(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
+        if not await self._out_of_sync("DATA"):
+            await super().smtp_DATA(arg)
+
+    async def _http_request(self, arg: str) -> None:
+        log.warning("pytest-mailbox sink: an HTTP request reached the SMTP port")
+        await self._hang_up("554 5.5.0 Error: this is an SMTP server; HTTP requests are refused")
+
+
+for _verb in _HTTP_VERBS:  # methods named smtp_<VERB> are how aiosmtpd finds commands
+    setattr(_Protocol, f"smtp_{_verb}", _Protocol._http_request)
 
 
 class SmtpEndpoint:
@@ -170,6 +350,8 @@ class SmtpEndpoint:
             "flask": {
                 "MAIL_SERVER": self.host,
                 "MAIL_PORT": self.port,
+                # Flask-Mail suppresses sending when app.testing is on, unless told not to.
+                "MAIL_SUPPRESS_SEND": False,
                 "MAIL_USE_TLS": False,
                 "MAIL_USE_SSL": False,
             },
@@ -195,12 +377,21 @@ class MailSink(SmtpEndpoint):
         hostname: str = "pytest-mailbox.test",
         signal: Signal | None = None,
         name: str = "main",
+        max_recipients: int = DEFAULT_MAX_RECIPIENTS,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        data_policy: str = "flag",
     ) -> None:
         super().__init__(host, port)
+        if data_policy not in DATA_POLICIES:
+            msg = f"data_policy={data_policy!r} is invalid; allowed: {', '.join(DATA_POLICIES)}"
+            raise ValueError(msg)
         self.store = store
         self.name = name
         self.domains = frozenset(normalize_domain(d) for d in domains)
         self.max_message_size = max_message_size
+        self.max_recipients = max_recipients
+        self.idle_timeout = idle_timeout
+        self.data_policy = data_policy
         self.hostname = hostname
         self.signal = signal or Signal()
         self._transports: set[asyncio.Transport] = set()
@@ -210,8 +401,18 @@ class MailSink(SmtpEndpoint):
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mailbox-store")
         self._log_filter = _NoContent()
 
-    def accept(self, mail_from: str | None, deliveries: list[Delivery], raw: bytes) -> list[str]:
-        """Parse, commit, then wake waiters: a message is visible only once it is stored."""
+    def accept(
+        self,
+        mail_from: str | None,
+        deliveries: list[Delivery],
+        raw: bytes,
+        transport: Sequence[str] = (),
+    ) -> list[str]:
+        """Parse, commit, then wake waiters: a message is visible only once it is stored.
+
+        ``transport`` lists what the SMTP session noticed (``bare_lf`` …); it is stored with
+        the parser's defects.
+        """
         parsed = Message(raw)
         ids = self.store.deliver(
             mail_from=mail_from or "",
@@ -219,14 +420,18 @@ class MailSink(SmtpEndpoint):
             raw=raw,
             subject=parsed.subject,
             run_header=parsed.run_header(),
-            defects=parsed.defects,
+            defects=sorted({*parsed.defects, *transport}),
             sink=self.name,
         )
         self.signal.notify()
         return ids
 
     def _bind(self) -> socket.socket:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
+        # the listener says TCP (proto 0 does not), and without it every client that opens a
+        # connection per mail waits ~40 ms on Nagle's algorithm.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
@@ -266,6 +471,8 @@ class MailSink(SmtpEndpoint):
                             hostname=self.hostname,
                             ident="pytest-mailbox",
                             data_size_limit=self.max_message_size,
+                            enable_SMTPUTF8=True,
+                            timeout=self.idle_timeout,
                             loop=loop,
                         ),
                         sock=sock,
@@ -297,17 +504,30 @@ class MailSink(SmtpEndpoint):
             return
 
         async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            for transport in list(self._transports):
-                transport.abort()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*tasks, return_exceptions=True), timeout=timeout / 2
-                )
+            # Accept no one new, but let connections already accepted finish their setup:
+            # closing the server first makes asyncio drop (and leak) those sockets.
+            server = self._server
+            for listener in server.sockets if server is not None else ():
+                loop.remove_reader(listener.fileno())
+            # Hang up on every client and let each connection wind down on its own: a task
+            # cancelled before its first step would leak its socket too. Cancel only what
+            # outlives the deadline.
+            deadline = loop.time() + timeout / 2
+            while True:
+                for transport in list(self._transports):
+                    transport.abort()
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if not tasks and not self._transports:
+                    break
+                if loop.time() >= deadline:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    break
+                await asyncio.sleep(0.001)
+            if server is not None:
+                server.close()
+            await asyncio.sleep(0)  # the callbacks of the last aborts
             loop.stop()
 
         with contextlib.suppress(RuntimeError):  # the loop may already be closed

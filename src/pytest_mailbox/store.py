@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS mailboxes (
     closed_at REAL
 );
 CREATE INDEX IF NOT EXISTS mailboxes_key ON mailboxes (run_id, purpose, state);
+-- Every write looks for overdue open mailboxes: without this it reads every mailbox ever made.
+CREATE INDEX IF NOT EXISTS mailboxes_expiry ON mailboxes (state, expires_at);
 CREATE TABLE IF NOT EXISTS bodies (
     body_id INTEGER PRIMARY KEY,
     raw BLOB NOT NULL
@@ -91,6 +93,17 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_mailbox ON events (mailbox_id, event_id);
+CREATE TABLE IF NOT EXISTS faults (
+    fault_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    mailbox_id TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    domain TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    reply TEXT NOT NULL,
+    times INTEGER NOT NULL,
+    remaining INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS faults_alias ON faults (alias, domain, stage);
 CREATE TABLE IF NOT EXISTS secrets (
     mailbox_id TEXT NOT NULL,
     message_id TEXT NOT NULL,
@@ -100,7 +113,22 @@ CREATE TABLE IF NOT EXISTS secrets (
     host TEXT,
     PRIMARY KEY (message_id, kind, sha256)
 );
+CREATE INDEX IF NOT EXISTS secrets_mailbox ON secrets (mailbox_id);
 """
+
+#: Past this many bytes of write-ahead log, a writer checkpoints and truncates it: SQLite's
+#: own (passive) checkpoints never finish while some reader is always busy, and the log
+#: would grow for the whole run.
+WAL_LIMIT = 16 * 1024 * 1024
+
+#: Every this many commits, a background thread copies the log into the database (a passive
+#: checkpoint: it blocks neither readers nor writers). SQLite's automatic checkpoint, off
+#: here, runs inside whichever commit crosses 1000 pages: a test's claim or the sink's
+#: delivery would stall for the copy (see docs/performance.md, wake-up p99).
+CHECKPOINT_EVERY = 50
+#: Past this many pages in the log, that thread also restarts it: writers wait for the few
+#: pages the passive copies left (milliseconds), and the log starts over from its beginning.
+RESTART_PAGES = 1000
 
 #: Mailbox states in which the reservation is still open.
 ACTIVE = ("reserved", "waiting", "claimed", "consumed")
@@ -193,13 +221,24 @@ class Outcome:
 class Store:
     """A handle on the shared SQLite store; safe to use from several threads."""
 
-    def __init__(self, path: str | Path, *, clock: Clock = time.time, busy_timeout: float = 60.0):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Clock = time.time,
+        busy_timeout: float = 60.0,
+        wal_limit: int = WAL_LIMIT,
+    ):
         self.path = Path(path)
         self.clock = clock
         self._busy_timeout = busy_timeout
+        self.wal_limit = wal_limit
+        self._wal = Path(f"{self.path}-wal")
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._commits = 0
+        self._checkpointer: _Checkpointer | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
             conn = self._conn()
@@ -222,6 +261,7 @@ class Store:
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA wal_autocheckpoint=0")  # the _Checkpointer does it
             self._local.conn = conn
             with self._lock:
                 self._connections.append(conn)
@@ -237,6 +277,23 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self._bound_wal(conn)
+
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        """Checkpoint and truncate the log once it passes ``wal_limit`` (waits for readers)."""
+        self._commits += 1
+        if self._commits % CHECKPOINT_EVERY == 0:
+            with self._lock:
+                if self._checkpointer is None:
+                    self._checkpointer = _Checkpointer(self.path)
+                self._checkpointer.request()
+        try:
+            size = self._wal.stat().st_size
+        except OSError:
+            return
+        if size > self.wal_limit:
+            with suppress(sqlite3.OperationalError):  # best effort: the next writer tries again
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def close(self) -> None:
         """Close every connection this handle opened (from any thread)."""
@@ -244,7 +301,10 @@ class Store:
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
+            checkpointer, self._checkpointer = self._checkpointer, None
         self._local = threading.local()
+        if checkpointer is not None:
+            checkpointer.stop()
 
     def data_version(self) -> int:
         """Changes whenever another connection commits: cheap cross-process polling."""
@@ -454,6 +514,57 @@ class Store:
             self._conn().execute("SELECT raw FROM bodies WHERE body_id = ?", (body_id,)).fetchone()
         )
         return b"" if row is None else bytes(row[0])
+
+    def add_fault(
+        self, mailbox_id: str, fence: int, *, stage: str, reply: str, times: int
+    ) -> Outcome | None:
+        """Arm a scripted SMTP reply for this mailbox's alias; None if armed, else why not."""
+        now = self.clock()
+        with self._write() as tx:
+            refused = self._open_mailbox(tx, mailbox_id, fence, now)
+            if refused is not None:
+                return refused
+            row = tx.one("SELECT alias, domain FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+            assert row is not None
+            tx.run(
+                "INSERT INTO faults (mailbox_id, alias, domain, stage, reply, times, remaining)"
+                " VALUES (?,?,?,?,?,?,?)",
+                (mailbox_id, row["alias"], row["domain"], stage, reply, times, times),
+            )
+            tx.event(mailbox_id, now, "fault_armed", f"{stage} answers {reply[:3]} x{times}")
+        return None
+
+    def take_fault(self, alias: str, domain: str, stage: str) -> str | None:
+        """The scripted reply owed at ``stage`` for ``alias@domain``, counted once; else None."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT fault_id FROM faults WHERE alias = ? AND domain = ? AND stage = ? "
+                "AND remaining > 0 ORDER BY fault_id LIMIT 1",
+                (alias, domain, stage),
+            )
+            .fetchone()
+        )
+        if row is None:  # the common case: one indexed read, no write
+            return None
+        now = self.clock()
+        with self._write() as tx:
+            taken = tx.run(
+                "UPDATE faults SET remaining = remaining - 1 WHERE fault_id = ? AND remaining > 0",
+                (row[0],),
+            ).rowcount
+            if taken != 1:  # another sink took the last one first
+                return None
+            fault = tx.one("SELECT * FROM faults WHERE fault_id = ?", (row[0],))
+            assert fault is not None
+            used = fault["times"] - fault["remaining"]
+            tx.event(
+                fault["mailbox_id"],
+                now,
+                "fault",
+                f"{stage} answered {fault['reply'][:3]} ({used} of {fault['times']})",
+            )
+            return str(fault["reply"])
 
     def record_secret(
         self, mailbox_id: str, message_id: str, kind: str, sha256: str, last2: str, host: str | None
@@ -762,6 +873,39 @@ class Store:
             "UPDATE claims SET state = ?, ended_at = ? WHERE fence = ? AND state = 'claimed'",
             (state, now, fence),
         )
+
+
+class _Checkpointer:
+    """A daemon thread with its own connection: checkpoints off every request's path."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wanted = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="pytest-mailbox-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wanted.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._wanted.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, timeout=1.0, isolation_level=None)
+        try:
+            while self._wanted.wait() and not self._stopping.is_set():
+                self._wanted.clear()
+                with suppress(sqlite3.Error):  # best effort: busy now, done next time
+                    _, logged, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    if logged > RESTART_PAGES and not self._stopping.is_set():
+                        conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+        finally:
+            conn.close()
 
 
 class _Tx:

@@ -1,0 +1,180 @@
+"""Deterministic fault injection, scoped to one mailbox: scripted SMTP replies for one alias."""
+
+from __future__ import annotations
+
+import smtplib
+import socket
+from collections.abc import Iterator
+from email.message import EmailMessage
+
+import pytest
+
+from pytest_mailbox import ContractError, EmailContract, Mailbox, MailSink, Store
+
+
+class RetryingApp:
+    """An app that retries a temporary (4xx) SMTP failure a few times, then gives up."""
+
+    def __init__(self, server: MailSink, attempts: int = 3) -> None:
+        self.server = server
+        self.attempts = attempts
+        self.tries = 0
+
+    def send(self, to: str, subject: str = "Verify your account") -> None:
+        mail = EmailMessage()
+        mail["From"] = "noreply@app.example.test"
+        mail["To"] = to
+        mail["Subject"] = subject
+        mail.set_content("Enter 552299 to verify.")
+        for attempt in range(1, self.attempts + 1):
+            self.tries = attempt
+            try:
+                with smtplib.SMTP(self.server.host, self.server.port) as smtp:
+                    smtp.send_message(mail)
+            except smtplib.SMTPRecipientsRefused as exc:
+                ((code, _),) = exc.recipients.values()
+                if code < 500 and attempt < self.attempts:
+                    continue
+                raise
+            except smtplib.SMTPDataError as exc:
+                if exc.smtp_code < 500 and attempt < self.attempts:
+                    continue
+                raise
+            return
+
+
+@pytest.fixture
+def other_mailbox(mailbox_store: Store, mailbox_server: MailSink) -> Iterator[Mailbox]:
+    """A second run's mailbox on the same sink, to prove the fault stays with its alias."""
+    mailbox = Mailbox.reserve(
+        mailbox_store,
+        contract=EmailContract(purpose="other"),
+        domain="mailbox.test",
+        signal=mailbox_server.signal,
+    )
+    yield mailbox
+    mailbox.close(success=True)
+
+
+@pytest.mark.parametrize("stage", ["RCPT", "DATA"])
+def test_app_that_retries_survives_one_fault(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    other_mailbox: Mailbox,
+    stage: str,
+) -> None:
+    isolated_mailbox.inject_fault(stage=stage, reply="451 4.3.0 Try again", times=1)
+    app = RetryingApp(mailbox_server)
+
+    app.send(other_mailbox.address)  # another run, same sink, same moment: untouched
+    assert app.tries == 1
+    other_mailbox.wait_for(timeout=10).ack()
+
+    app.send(isolated_mailbox.address)
+    assert app.tries == 2  # refused once, delivered on the retry
+    msg = isolated_mailbox.wait_for(timeout=10)
+    assert msg.code() == "552299"
+    msg.ack()
+    # the refused attempt stored nothing: one message, the retried one
+    assert [m.message_id for m in mailbox_store.messages(isolated_mailbox.mailbox_id)] == [
+        msg.message_id
+    ]
+
+    events = [(e.status, e.detail) for e in isolated_mailbox.receipt().events]
+    assert ("fault_armed", f"{stage} answers 451 x1") in events
+    assert ("fault", f"{stage} answered 451 (1 of 1)") in events
+
+
+@pytest.mark.parametrize("stage", ["RCPT", "DATA"])
+def test_app_gives_up_after_too_many_faults(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, stage: str
+) -> None:
+    isolated_mailbox.inject_fault(stage=stage, reply="451 4.3.0 Try again", times=5)
+    app = RetryingApp(mailbox_server, attempts=3)
+    with pytest.raises((smtplib.SMTPRecipientsRefused, smtplib.SMTPDataError)) as info:
+        app.send(isolated_mailbox.address)
+    assert app.tries == 3
+    assert "4.3.0 Try again" in str(info.value)
+    isolated_mailbox.expect_none(within=0.1)
+    faults = [e.detail for e in isolated_mailbox.receipt().events if e.status == "fault"]
+    assert faults == [f"{stage} answered 451 ({n} of 5)" for n in (1, 2, 3)]
+
+    app.send(isolated_mailbox.address)  # two faults left: fails twice, then delivered
+    assert app.tries == 3
+    isolated_mailbox.wait_for(timeout=10).ack()
+
+
+def test_permanent_fault_is_not_retried(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    isolated_mailbox.inject_fault(stage="RCPT", reply="550 5.1.1 No such user", times=1)
+    app = RetryingApp(mailbox_server)
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as info:
+        app.send(isolated_mailbox.address)
+    assert app.tries == 1
+    assert info.value.recipients == {isolated_mailbox.address: (550, b"5.1.1 No such user")}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (
+            {"stage": "MAIL"},
+            "inject_fault: stage='MAIL' is invalid; allowed: 'RCPT' or 'DATA'",
+        ),
+        (
+            {"stage": "RCPT", "reply": "250 OK"},
+            "inject_fault: reply='250 OK' is invalid; allowed: a 4xx or 5xx SMTP reply on one "
+            "line of printable ASCII, e.g. '451 4.3.0 Try again later'",
+        ),
+        (
+            {"stage": "RCPT", "reply": "451 4.3.0 x\r\n250 smuggled"},
+            "inject_fault: reply='451 4.3.0 x\\r\\n250 smuggled' is invalid; allowed: a 4xx or "
+            "5xx SMTP reply on one line of printable ASCII, e.g. '451 4.3.0 Try again later'",
+        ),
+        (
+            {"stage": "DATA", "times": 0},
+            "inject_fault: times=0 is invalid; allowed: an integer 1..1000",
+        ),
+    ],
+)
+def test_bad_fault_is_refused_naming_the_field(
+    isolated_mailbox: Mailbox, kwargs: dict[str, object], expected: str
+) -> None:
+    with pytest.raises(ContractError) as info:
+        isolated_mailbox.inject_fault(**kwargs)  # type: ignore[arg-type]
+    assert str(info.value) == expected
+    assert not [e for e in isolated_mailbox.receipt().events if e.status == "fault_armed"]
+
+
+def test_faults_reach_every_worker_in_fixed_port_mode(pytester: pytest.Pytester) -> None:
+    """The controller's sink serves the port; the fault armed on a worker still applies."""
+    pytester.makepyfile(
+        """
+        import smtplib
+        from email.message import EmailMessage
+
+        import pytest
+
+        @pytest.mark.parametrize("n", range(4))
+        def test_retry(isolated_mailbox, mailbox_server, n):
+            isolated_mailbox.inject_fault(stage="DATA", times=1)
+            mail = EmailMessage()
+            mail["From"] = "a@app.example.test"
+            mail["To"] = isolated_mailbox.address
+            mail["Subject"] = f"hello {n}"
+            mail.set_content("hi")
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                with pytest.raises(smtplib.SMTPDataError):
+                    smtp.send_message(mail)
+                smtp.send_message(mail)
+            isolated_mailbox.wait_for(subject=f"hello {n}").ack()
+        """
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = pytester.runpytest("-n", "2", f"--mailbox-port={port}")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["mailbox: 4 reserved, 4 received, 4 claimed, 4 consumed, *"])

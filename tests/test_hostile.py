@@ -1,0 +1,872 @@
+"""Hostile SMTP input against a real sink: raw bytes where smtplib would refuse to send them.
+
+Every case ends with the right reply (or a hang-up), nothing partial stored, nothing echoed.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import smtplib
+import socket
+import sqlite3
+import struct
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_mailbox import ContractError, EmailContract, Mailbox, Message
+from pytest_mailbox.sink import MailSink, is_loopback, normalize_domain
+from pytest_mailbox.store import MessageRow, Store
+
+DOMAIN = "mailbox.test"
+IDN_DOMAIN = "bücher.test"
+SAFETY = 10.0  # seconds: a bound on every socket read, never a synchronisation
+
+
+class Client:
+    """A raw SMTP client: sends bytes as given, reads replies line by line."""
+
+    def __init__(self, sink: MailSink, *, greet: bool = True) -> None:
+        self.sock = socket.create_connection((sink.host, sink.port), timeout=SAFETY)
+        self.file = self.sock.makefile("rb")
+        self.banner = self.reply() if greet else b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def reply(self) -> bytes:
+        """One complete reply (every line of a multi-line one); b"" once the server hung up."""
+        lines = []
+        while True:
+            line = self.file.readline()
+            lines.append(line)
+            if not line or line[3:4] != b"-":
+                return b"".join(lines)
+
+    def cmd(self, line: bytes) -> bytes:
+        self.send(line + b"\r\n")
+        return self.reply()
+
+    def rest(self) -> bytes:
+        """Everything the server sends until it closes the connection."""
+        return self.file.read()
+
+    def envelope(self, *rcpts: bytes, sender: bytes = b"<app@example.test>") -> None:
+        """EHLO, MAIL, RCPT…, each answered with 2xx; then DATA answered with 354."""
+        assert self.cmd(b"EHLO client.test").startswith(b"250")
+        assert self.cmd(b"MAIL FROM:" + sender).startswith(b"250")
+        for rcpt in rcpts:
+            assert self.cmd(b"RCPT TO:" + rcpt).startswith(b"250"), rcpt
+        assert self.cmd(b"DATA").startswith(b"354")
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.fixture
+def make_sink(tmp_path: Path) -> Iterator[Callable[..., MailSink]]:
+    """Start a sink of our own (loopback, fresh store) with the given limits."""
+    sinks: list[MailSink] = []
+
+    def make(**options: Any) -> MailSink:
+        store = Store(tmp_path / f"store-{len(sinks)}.sqlite3")
+        sink = MailSink(store, domains=[DOMAIN, IDN_DOMAIN], **options).start()
+        sinks.append(sink)
+        return sink
+
+    yield make
+    for sink in sinks:
+        sink.stop()
+        sink.store.close()
+
+
+@pytest.fixture
+def sink(make_sink: Callable[..., MailSink]) -> MailSink:
+    return make_sink()
+
+
+@pytest.fixture
+def client(sink: MailSink) -> Iterator[Client]:
+    connection = Client(sink)
+    yield connection
+    connection.close()
+
+
+def reserve(sink: MailSink, domain: str = DOMAIN) -> Mailbox:
+    return Mailbox.reserve(
+        sink.store,
+        contract=EmailContract(purpose="hostile", ttl=120, lease=60),
+        domain=domain,
+        signal=sink.signal,
+    )
+
+
+def angle(mailbox: Mailbox) -> bytes:
+    return f"<{mailbox.address}>".encode()
+
+
+def stored(sink: MailSink) -> int:
+    """Every recipient copy the sink ever stored, routed or not."""
+    counts = sink.store.stats()
+    return counts["received"] + counts["unrouted"]
+
+
+def rows(sink: MailSink, mailbox: Mailbox) -> list[MessageRow]:
+    return sink.store.messages(mailbox.mailbox_id)
+
+
+# -- SMTP smuggling -------------------------------------------------------------------------
+
+SMUGGLED = (
+    b"MAIL FROM:<attacker@evil.test>\r\n"
+    b"RCPT TO:<victim@mailbox.test>\r\n"
+    b"DATA\r\n"
+    b"Subject: smuggled\r\n"
+    b"\r\n"
+    b"a second message\r\n"
+    b"\r\n.\r\n"
+)
+SMTPSMUG_ENDINGS = {
+    "lf-dot-lf": b"\n.\n",
+    "cr-dot-cr": b"\r.\r",
+    "cr-dot-lf": b"\r.\n",
+    "lf-dot-cr": b"\n.\r",
+    "lf-dot-crlf": b"\n.\r\n",
+    "crlf-dot-lf": b"\r\n.\n",
+    "cr-dot-crlf": b"\r.\r\n",
+    "crlf-dot-cr": b"\r\n.\r",
+    "nul-before-dot": b"\r\n\x00.\r\n",
+    "nul-after-dot": b"\r\n.\x00\r\n",
+}
+
+
+def _smuggle(client: Client, mailbox: Mailbox, ending: bytes) -> bytes:
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: first\r\n\r\nthe real message" + ending + SMUGGLED)
+    return client.reply()
+
+
+def test_smuggled_transaction_after_lf_dot_crlf_stays_inside_one_message(
+    sink: MailSink, client: Client
+) -> None:
+    mailbox = reserve(sink)
+
+    assert _smuggle(client, mailbox, b"\n.\r\n") == b"250 2.0.0 Message accepted\r\n"
+    # Had the sink ended DATA at "\n.\r\n", the smuggled commands would answer here.
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    (row,) = rows(sink, mailbox)
+    assert stored(sink) == 1
+    assert b"MAIL FROM:<attacker@evil.test>" in sink.store.raw(row.body_id)
+    assert row.subject == "first"
+    assert "bare_lf" in row.defects.split(",")
+
+
+@pytest.mark.parametrize("ending", SMTPSMUG_ENDINGS.values(), ids=SMTPSMUG_ENDINGS.keys())
+def test_smtpsmug_ending_never_stores_two_messages(
+    sink: MailSink, client: Client, ending: bytes
+) -> None:
+    mailbox = reserve(sink)
+
+    assert _smuggle(client, mailbox, ending) == b"250 2.0.0 Message accepted\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    (row,) = rows(sink, mailbox)
+    assert stored(sink) == 1
+    assert b"attacker@evil.test" in sink.store.raw(row.body_id)
+    assert set(row.defects.split(",")) & {"bare_lf", "bare_cr", "nul"}
+
+
+@pytest.mark.parametrize("ending", SMTPSMUG_ENDINGS.values(), ids=SMTPSMUG_ENDINGS.keys())
+def test_smtpsmug_ending_is_refused_under_refuse_policy(
+    make_sink: Callable[..., MailSink], ending: bytes
+) -> None:
+    sink = make_sink(data_policy="refuse")
+    client = Client(sink)
+    mailbox = reserve(sink)
+
+    reply = _smuggle(client, mailbox, ending)
+
+    assert reply.startswith(b"554 5.6.0 Message refused: ")
+    assert reply.endswith(b"nothing was stored\r\n")
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert stored(sink) == 0
+    client.close()
+
+
+DATA_PIECES = st.sampled_from(
+    [
+        b"\r\n", b"\n", b"\r", b".", b"\x00", b"\xff", b" ", b"x", b"Subject: s", b"\r\n.\r\n",
+        b"MAIL FROM:<attacker@evil.test>", b"RCPT TO:<victim@mailbox.test>", b"DATA", b"RSET",
+        b"\r\n.\r\n" + SMUGGLED[: SMUGGLED.index(b"DATA\r\n") + 6],
+        *SMTPSMUG_ENDINGS.values(),
+    ]
+)  # fmt: skip
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(pieces=st.lists(st.one_of(DATA_PIECES, st.binary(max_size=8)), max_size=40))
+def test_whatever_a_client_sends_in_data_one_transaction_stores_at_most_one_message(
+    sink: MailSink, pieces: list[bytes]
+) -> None:
+    mailbox = reserve(sink)
+    before = stored(sink)
+    client = Client(sink)
+    try:
+        client.envelope(angle(mailbox))
+        client.send(b"".join(pieces) + b"\r\n.\r\nNOOP\r\n")
+        replies = []
+        while not replies or replies[-1] not in (b"", b"250 OK\r\n"):
+            replies.append(client.reply())
+    finally:
+        client.close()
+
+    assert stored(sink) - before <= 1
+    assert sum(r.startswith(b"250 2.0.0") for r in replies) <= 1
+    assert all(b"attacker" not in r and b"victim" not in r for r in replies)
+    with Client(sink) as fresh:  # and the sink still serves
+        assert fresh.cmd(b"NOOP") == b"250 OK\r\n"
+
+
+# -- bare line endings: the policy ------------------------------------------------------------
+
+
+def bare(mailbox: Mailbox) -> bytes:
+    """A message with a bare LF in its headers and a bare LF and CR in its body."""
+    return (
+        b"Subject: Bare endings\nX-Run-Id: %s\r\n\r\nline one\nline two\rstill two\r\n"
+    ) % mailbox.run_id.encode()
+
+
+def test_bare_lf_and_cr_are_stored_raw_flagged_and_parsed_as_line_breaks(
+    sink: MailSink, client: Client
+) -> None:
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+
+    client.send(bare(mailbox) + b".\r\n")
+
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    (row,) = rows(sink, mailbox)
+    raw = sink.store.raw(row.body_id)
+    assert raw == bare(mailbox)  # byte for byte: nothing normalised on the way in
+    assert {"bare_lf", "bare_cr"} <= set(row.defects.split(","))
+    # The store's index (used to route and match) and the test's view read the same bytes.
+    view = mailbox.wait_for(subject="Bare endings", timeout=SAFETY)
+    assert (
+        (row.subject, row.run_header)
+        == (view.subject, view.run_header())
+        == (
+            "Bare endings",
+            mailbox.run_id,
+        )
+    )
+    assert view.text.splitlines() == ["line one", "line two", "still two"]
+    assert view.text.splitlines() == raw.split(b"\r\n\r\n", 1)[1].decode().splitlines()
+
+
+def test_bare_lf_is_refused_under_refuse_policy_and_the_session_goes_on(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    sink = make_sink(data_policy="refuse")
+    client = Client(sink)
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+
+    client.send(bare(mailbox) + b".\r\n")
+
+    assert client.reply() == (
+        b"554 5.6.0 Message refused: bare LF, bare CR in DATA; lines must end with CRLF "
+        b"(mailbox_data_policy=refuse); nothing was stored\r\n"
+    )
+    assert stored(sink) == 0
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: clean\r\n\r\nbody\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert [r.subject for r in rows(sink, mailbox)] == ["clean"]
+    client.close()
+
+
+def test_sink_refuses_an_unknown_data_policy(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="data_policy='strict' is invalid; allowed: flag, refuse"):
+        MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN], data_policy="strict")
+
+
+# -- line and size limits -------------------------------------------------------------------
+
+
+def test_data_line_over_1000_bytes_is_refused_and_nothing_stored(
+    sink: MailSink, client: Client
+) -> None:
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+
+    client.send(b"Subject: long\r\n\r\n" + b"x" * 1000 + b"\r\n.\r\n")
+
+    assert client.reply() == b"500 Line too long (see RFC5321 4.5.3.1.6)\r\n"
+    assert stored(sink) == 0
+    # The longest line RFC 5321 allows (998 octets and CRLF) still goes through.
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: longest\r\n\r\n" + b"y" * 998 + b"\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert [r.subject for r in rows(sink, mailbox)] == ["longest"]
+
+
+def test_message_over_max_size_gets_552_and_nothing_stored(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    sink = make_sink(max_message_size=4096)
+    client = Client(sink)
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+
+    client.send(b"Subject: big\r\n\r\n" + b"0123456789abcdef\r\n" * 300 + b".\r\n")
+
+    assert client.reply() == b"552 Error: Too much mail data\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert stored(sink) == 0
+    client.close()
+
+
+def test_mail_from_size_over_max_gets_552(make_sink: Callable[..., MailSink]) -> None:
+    sink = make_sink(max_message_size=4096)
+    client = Client(sink)
+    assert b"250-SIZE 4096\r\n" in client.cmd(b"EHLO client.test")
+
+    reply = client.cmd(b"MAIL FROM:<app@example.test> SIZE=4097")
+
+    assert reply == b"552 Error: message size exceeds fixed maximum message size\r\n"
+    assert client.cmd(b"MAIL FROM:<app@example.test> SIZE=4096") == b"250 2.1.0 OK\r\n"
+    client.close()
+
+
+def test_command_line_over_the_limit_gets_500_and_the_session_goes_on(client: Client) -> None:
+    assert client.cmd(b"NOOP " + b"x" * 600) == b"500 Command line too long\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+
+
+def test_repeated_ehlo_does_not_raise_the_command_limit(client: Client) -> None:
+    for _ in range(40):
+        assert client.cmd(b"EHLO client.test").startswith(b"250-")
+    # aiosmtpd alone adds 36 bytes to the MAIL limit on every EHLO, for every session.
+    long_sender = b"<" + b"a" * 580 + b"@example.test>"
+
+    assert client.cmd(b"MAIL FROM:" + long_sender) == b"500 Command line too long\r\n"
+    assert client.cmd(b"MAIL FROM:<app@example.test>") == b"250 2.1.0 OK\r\n"
+
+
+def test_megabytes_without_a_newline_get_500_in_bounded_memory(client: Client) -> None:
+    chunk = b"A" * 65536
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(64):  # 4 MiB, one line
+            client.send(chunk)
+        client.send(b"\r\n")
+        reply = client.reply()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert reply == b"500 Command line too long\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert peak - before < 1024 * 1024  # the sink kept at most a few lines of it
+
+
+# -- recipients -------------------------------------------------------------------------------
+
+
+def test_rcpt_flood_is_refused_past_the_default_cap_of_100(sink: MailSink, client: Client) -> None:
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+    replies = [client.cmd(b"RCPT TO:<user%d@mailbox.test>" % i) for i in range(150)]
+
+    assert replies[:100] == [b"250 2.1.5 OK\r\n"] * 100
+    assert (
+        replies[100:]
+        == [
+            b"452 4.5.3 Too many recipients: at most 100 per message; "
+            b"send the rest in another message\r\n"
+        ]
+        * 50
+    )
+    assert client.cmd(b"DATA").startswith(b"354")
+    client.send(b"Subject: flood\r\n\r\nhi\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert stored(sink) == 100
+
+
+def test_rcpt_cap_is_configurable(make_sink: Callable[..., MailSink]) -> None:
+    sink = make_sink(max_recipients=2)
+    client = Client(sink)
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+
+    replies = [client.cmd(b"RCPT TO:<user%d@mailbox.test>" % i)[:9] for i in range(3)]
+
+    assert replies == [b"250 2.1.5", b"250 2.1.5", b"452 4.5.3"]
+    client.close()
+
+
+# -- recipient domains ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rcpt", "reply"),
+    [
+        (b"<a@evil.test>", b"550 5.7.1 Relaying denied: evil.test is not a test domain"),
+        (b"<a@EVIL.TEST>", b"550 5.7.1 Relaying denied: evil.test is not a test domain"),
+        (b"<a@mailbox.test.evil.test>", b"550 5.7.1 Relaying denied: mailbox.test.evil.test"),
+        (b"<a@evil.mailbox.test>", b"550 5.7.1 Relaying denied: evil.mailbox.test"),
+        (b"<a@evil.test.>", b"553 5.1.3 Error: malformed address"),
+        (b"<a@mailbox.test.>", b"553 5.1.3 Error: malformed address"),
+        (b"<a@mailbox.test@evil.test>", b"553 5.1.3 Error: malformed address"),
+        (b'<"a@mailbox.test"@evil.test>', b"550 5.7.1 Relaying denied: evil.test"),
+        (b"<@mailbox.test:victim@evil.test>", b"550 5.7.1 Relaying denied: evil.test"),
+        (b"<@mailbox.test,@mailbox.test:v@evil.test>", b"550 5.7.1 Relaying denied: evil.test"),
+        (b"<a@[127.0.0.1]>", b"550 5.7.1 Relaying denied: [127.0.0.1]"),
+        (b"<a@mailbox.test\x00>", b"553 5.1.3 The address contains control characters"),
+        (b"<a@xn--bcher-kva.evil>", b"550 5.7.1 Relaying denied: xn--bcher-kva.evil"),
+        ("<a@bücher.test>".encode(), b"553 5.6.7 A non-ASCII address needs SMTPUTF8"),
+        ("<ü@mailbox.test>".encode(), b"553 5.6.7 A non-ASCII address needs SMTPUTF8"),
+        (b"<a@mailbox.test\xff>", b"553 5.6.7 The address is not valid UTF-8"),
+    ],
+    ids=[
+        "foreign",
+        "foreign-upper-case",
+        "ours-as-prefix",
+        "ours-as-suffix",
+        "foreign-trailing-dot",
+        "ours-trailing-dot",
+        "two-at-signs",
+        "quoted-local-part-with-at",
+        "source-route-to-foreign",
+        "two-source-routes-to-foreign",
+        "address-literal",
+        "nul-in-domain",
+        "foreign-punycode",
+        "idn-without-smtputf8",
+        "utf8-local-part-without-smtputf8",
+        "invalid-utf8",
+    ],
+)
+def test_recipient_domain_checks_cannot_be_bypassed(
+    sink: MailSink, client: Client, rcpt: bytes, reply: bytes
+) -> None:
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+
+    answer = client.cmd(b"RCPT TO:" + rcpt)
+
+    assert answer.startswith(reply), answer
+    assert b"\x00" not in answer
+    assert client.cmd(b"DATA") == b"503 Error: need RCPT command\r\n"
+
+
+@pytest.mark.parametrize(
+    ("rcpt", "smtputf8"),
+    [
+        ("<{alias}@MAILBOX.TEST>", False),
+        ("<{ALIAS}@mailbox.test>", False),
+        ("<@relay.example.test:{alias}@mailbox.test>", False),
+        ("<{alias}+tag@mailbox.test>", False),
+    ],
+    ids=["upper-case-domain", "upper-case-alias", "source-route-ignored", "plus-tag"],
+)
+def test_recipient_variants_of_our_domain_route_to_the_alias(
+    sink: MailSink, client: Client, rcpt: str, smtputf8: bool
+) -> None:
+    mailbox = reserve(sink)
+    address = rcpt.format(alias=mailbox.alias, ALIAS=mailbox.alias.upper())
+    client.envelope(address.encode())
+    client.send(b"Subject: variant\r\n\r\nhi\r\n.\r\n")
+
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert [r.subject for r in rows(sink, mailbox)] == ["variant"]
+
+
+def test_idn_domain_routes_the_same_in_utf8_and_punycode(sink: MailSink, client: Client) -> None:
+    mailbox = reserve(sink, domain=IDN_DOMAIN)
+    assert mailbox.domain == normalize_domain(IDN_DOMAIN) == "xn--bcher-kva.test"
+    assert b"250-SMTPUTF8" in client.cmd(b"EHLO client.test")
+    assert client.cmd(b"MAIL FROM:<app@example.test> SMTPUTF8") == b"250 2.1.0 OK\r\n"
+    utf8 = f"<{mailbox.alias}@BÜCHER.test>".encode()
+    puny = f"<{mailbox.alias}@XN--BCHER-KVA.TEST>".encode()
+
+    assert client.cmd(b"RCPT TO:" + utf8) == b"250 2.1.5 OK\r\n"
+    assert client.cmd(b"RCPT TO:" + puny) == b"250 2.1.5 OK\r\n"
+    assert client.cmd(b"DATA").startswith(b"354")
+    client.send(b"Subject: idn\r\n\r\nhi\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert [r.rcpt for r in rows(sink, mailbox)] == [utf8[1:-1].decode(), puny[1:-1].decode()]
+
+
+def test_percent_hack_is_kept_as_unrouted_mail_of_our_domain(
+    sink: MailSink, client: Client
+) -> None:
+    client.envelope(b"<victim%evil.test@mailbox.test>")
+    client.send(b"Subject: percent\r\n\r\nhi\r\n.\r\n")
+
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    (row,) = sink.store.unrouted(DOMAIN)
+    assert (row.alias, row.domain) == ("victim%evil.test", DOMAIN)
+
+
+def test_non_ascii_sender_needs_smtputf8(client: Client) -> None:
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+
+    assert client.cmd("MAIL FROM:<ü@example.test>".encode()).startswith(
+        b"553 5.6.7 A non-ASCII address needs SMTPUTF8"
+    )
+    assert client.cmd("MAIL FROM:<ü@example.test> SMTPUTF8".encode()) == b"250 2.1.0 OK\r\n"
+
+
+# -- protocol abuse ---------------------------------------------------------------------------
+
+
+def test_unknown_verb_gets_500_without_echo_and_the_session_goes_on(client: Client) -> None:
+    reply = client.cmd(b"X482913 Zq8vT4nW2xKp9LmR")
+
+    assert reply == b"500 5.5.1 Error: command not recognized\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+
+
+def test_vrfy_does_not_echo_the_argument(client: Client) -> None:
+    reply = client.cmd(b"VRFY <482913@@Zq8vT4nW2xKp9LmR>")
+
+    assert reply == b"502 5.5.1 Could not VRFY that address\r\n"
+
+
+def test_five_unknown_verbs_end_the_session(client: Client) -> None:
+    replies = [client.cmd(b"XBOGUS") for _ in range(5)]
+
+    assert replies[:4] == [b"500 5.5.1 Error: command not recognized\r\n"] * 4
+    assert replies[4] == b"502 5.5.1 Too many unrecognized commands, goodbye.\r\n"
+    assert client.rest() == b""
+
+
+HTTP_REFUSAL = b"554 5.5.0 Error: this is an SMTP server; HTTP requests are refused\r\n"
+
+
+def test_http_request_is_refused_and_disconnected(sink: MailSink) -> None:
+    client = Client(sink)
+    client.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n")
+
+    assert client.rest() == HTTP_REFUSAL
+    client.close()
+
+
+def test_http_post_carrying_smtp_commands_stores_nothing(sink: MailSink) -> None:
+    mailbox = reserve(sink)
+    smtp = (
+        f"EHLO x\r\nMAIL FROM:<a@example.test>\r\nRCPT TO:<{mailbox.address}>\r\nDATA\r\n"
+        "Subject: cross-protocol\r\n\r\nhi\r\n.\r\nQUIT\r\n"
+    ).encode()
+    client = Client(sink)
+    client.send(
+        b"POST /form HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(smtp) + smtp
+    )
+
+    assert client.rest() == HTTP_REFUSAL
+    assert stored(sink) == 0
+    client.close()
+
+
+SYNC_ERROR = (
+    b"554 5.5.0 Error: SMTP protocol synchronization: data arrived before the reply to %s, "
+    b"and this server does not offer PIPELINING\r\n"
+)
+
+
+def test_early_talker_is_refused_and_nothing_stored(sink: MailSink) -> None:
+    mailbox = reserve(sink)
+    client = Client(sink, greet=False)  # speaks at once, before the banner
+
+    client.send(
+        f"EHLO x\r\nMAIL FROM:<a@example.test>\r\nRCPT TO:<{mailbox.address}>\r\nDATA\r\n"
+        "Subject: early\r\n\r\nhi\r\n.\r\nQUIT\r\n".encode()
+    )
+
+    banner, rest = client.reply(), client.rest()
+    assert banner.startswith(b"220 ")
+    assert rest == SYNC_ERROR % b"EHLO"
+    assert stored(sink) == 0
+    client.close()
+
+
+def test_message_sent_before_the_354_is_refused(sink: MailSink, client: Client) -> None:
+    mailbox = reserve(sink)
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+    assert client.cmd(f"RCPT TO:<{mailbox.address}>".encode()).startswith(b"250")
+
+    client.send(b"DATA\r\nSubject: blind\r\n\r\nhi\r\n.\r\n")
+
+    assert client.rest() == SYNC_ERROR % b"DATA"
+    assert stored(sink) == 0
+
+
+def test_idle_client_gets_421_and_is_disconnected(make_sink: Callable[..., MailSink]) -> None:
+    sink = make_sink(idle_timeout=0.2)
+    client = Client(sink)
+
+    assert client.rest() == b"421 4.4.2 pytest-mailbox.test Error: timeout exceeded\r\n"
+    client.close()
+
+
+def test_client_silent_mid_data_is_cut_off_and_nothing_stored(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    sink = make_sink(idle_timeout=1.0)
+    mailbox = reserve(sink)
+    client = Client(sink)
+    client.envelope(angle(mailbox))
+
+    client.send(b"Subject: half\r\n\r\nthe first half, and then nothing")
+
+    assert client.rest() == b"421 4.4.2 pytest-mailbox.test Error: timeout exceeded\r\n"
+    assert stored(sink) == 0
+    client.close()
+
+
+def test_client_reset_mid_data_stores_no_partial_message(sink: MailSink) -> None:
+    mailbox = reserve(sink)
+    client = Client(sink)
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: partial\r\n\r\nthe first half")
+    # SO_LINGER 0: close() sends a TCP reset instead of a clean FIN.
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+
+    with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+        smtp.sendmail("app@example.test", [mailbox.address], b"Subject: whole\r\n\r\nhi\r\n")
+
+    assert [r.subject for r in rows(sink, mailbox)] == ["whole"]
+    assert stored(sink) == 1
+
+
+def test_store_failure_reply_never_echoes_internals_or_content(
+    sink: MailSink, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    mailbox = reserve(sink)
+    with sqlite3.connect(sink.store.path) as conn:  # another process breaks the store
+        conn.execute("ALTER TABLE messages RENAME TO messages_gone")
+    client.envelope(angle(mailbox))
+
+    client.send(b"Subject: Your code is 482913\r\n\r\nToken Zq8vT4nW2xKp9LmR\r\n.\r\n")
+
+    reply = client.reply()
+    assert reply == (
+        b"451 4.3.0 Internal error in the test mail sink; the message was not stored\r\n"
+    )
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "pytest-mailbox sink could not store a message: OperationalError" in logged
+    for secret in ("482913", "Zq8vT4nW2xKp9LmR", "messages", "no such table"):
+        assert secret.encode() not in reply
+        assert secret not in logged.replace("could not store a message", "")
+
+
+def test_message_content_never_reaches_the_log_at_debug(
+    sink: MailSink, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: Your code is 482913\r\n\r\nToken Zq8vT4nW2xKp9LmR\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    client.cmd(b"X482913 Zq8vT4nW2xKp9LmR")
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "sent an unrecognised command" in logged  # the event, not its words
+    assert "482913" not in logged
+    assert "Zq8vT4nW2xKp9LmR" not in logged
+
+
+# -- MIME that parses badly, delivered over SMTP ------------------------------------------------
+
+
+def _nested(depth: int) -> bytes:
+    head = b"Subject: nested\r\nMIME-Version: 1.0\r\n"
+    parts = [head]
+    for level in range(depth):
+        parts.append(
+            b"Content-Type: multipart/mixed; boundary=b%d\r\n\r\n--b%d\r\n" % (level, level)
+        )
+    parts.append(b"Content-Type: text/plain\r\n\r\ndeep https://app.example.test/deep\r\n")
+    parts.extend(b"--b%d--\r\n" % level for level in reversed(range(depth)))
+    return b"".join(parts)
+
+
+BAD_MIME = {
+    "broken-boundary": (
+        b"Subject: broken-boundary\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/alternative; boundary=XYZ\r\n\r\n"
+        b"--XYZ\r\nContent-Type: text/plain\r\n\r\nopen https://app.example.test/a\r\n"
+        b"--XYZ\r\nContent-Type: text/html\r\n\r\n<a href='https://app.example.test/b'>b",
+        "CloseBoundaryNotFoundDefect",
+    ),
+    "wrong-charset": (
+        b"Subject: wrong-charset\r\nContent-Type: text/plain; charset=x-no-such-charset\r\n"
+        b"\r\ncaf\xe9 https://app.example.test/c\r\n",
+        "unknown_charset",
+    ),
+    "8bit-headers": (
+        b"Subject: 8bit-headers \xff\xfe caf\xe9\r\nFrom: J\xf6rg <app@example.test>\r\n"
+        b"\r\nhello\r\n",
+        "8bit_header",
+    ),
+    "huge-header-count": (
+        b"Subject: huge-header-count\r\n"
+        + b"".join(b"X-Filler-%d: %d\r\n" % (i, i) for i in range(5000))
+        + b"Content-Type: text/plain; charset=utf-8\r\nContent-Type: text/html\r\n\r\nhi\r\n",
+        None,
+    ),
+    "deep-nesting": (_nested(300), None),
+    "thousands-of-parts": (
+        b"Subject: thousands-of-parts\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/mixed; boundary=P\r\n\r\n"
+        + b"".join(b"--P\r\nContent-Type: text/plain\r\n\r\npart %d\r\n" % i for i in range(3000))
+        + b"--P--\r\n",
+        None,
+    ),
+    "bad-base64": (
+        b"Subject: bad-base64\r\nContent-Type: text/plain\r\n"
+        b"Content-Transfer-Encoding: base64\r\n\r\naGVsbG8gd29ybGQ===x\r\n",
+        "InvalidBase64",
+    ),
+}
+
+
+@pytest.mark.parametrize(("raw", "defect"), BAD_MIME.values(), ids=BAD_MIME.keys())
+def test_badly_formed_mime_is_stored_flagged_and_waiters_still_work(
+    sink: MailSink, raw: bytes, defect: str | None
+) -> None:
+    mailbox = reserve(sink)
+    subject = Message(raw).subject
+
+    with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+        smtp.sendmail("app@example.test", [mailbox.address], raw)
+
+    message = mailbox.wait_for(subject=subject, timeout=SAFETY)
+    (row,) = rows(sink, mailbox)
+    assert sink.store.raw(row.body_id).removesuffix(b"\r\n") == raw.removesuffix(b"\r\n")
+    assert isinstance(message.text, str)
+    assert isinstance(message.html, str)
+    assert isinstance(message.links(), list)
+    assert isinstance(message.body_text, str)
+    if defect is not None:
+        assert any(d.startswith(defect) for d in row.defects.split(",")), row.defects
+    message.ack()
+
+
+def test_deep_nesting_and_many_parts_still_yield_their_text(sink: MailSink) -> None:
+    mailbox = reserve(sink)
+    with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+        smtp.sendmail("app@example.test", [mailbox.address], BAD_MIME["deep-nesting"][0])
+
+    message = mailbox.wait_for(subject="nested", timeout=SAFETY)
+
+    assert message.links() == ["https://app.example.test/deep"]
+
+
+# -- selectors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        (
+            {"body_regex": r"(a+)+$"},
+            "selector: body_regex='(a+)+$' is invalid: Value error, the pattern repeats a group "
+            "that itself repeats a variable number of times",
+        ),
+        ({"subject_regex": r"^(\w+\s?)*$"}, "selector: subject_regex="),
+        ({"body_regex": r"(a*)*b"}, "can backtrack for hours on a long message"),
+        ({"body_regex": r"(?:x|y{1,9})+z"}, "rewrite it without the nesting"),
+        ({"subject_regex": "a{99999999999}"}, "not a valid regular expression"),
+        ({"subject_regex": "(unclosed"}, "not a valid regular expression"),
+        ({"subject": "Verify\r\nBcc: x"}, "a subject has no line breaks"),
+        ({"subject_contains": "Verify\n"}, "a subject has no line breaks"),
+        ({"header": ("X-Run-Id", "r-1\r\nBcc: x")}, "a header value has no line breaks"),
+        ({"header": ("X-Run-Id\n", "r-1")}, "a header name is printable ASCII"),
+    ],
+    ids=[
+        "nested-plus",
+        "nested-word-space",
+        "nested-star",
+        "nested-alternation",
+        "huge-repeat",
+        "unclosed-group",
+        "subject-crlf",
+        "subject-contains-lf",
+        "header-value-crlf",
+        "header-name-lf",
+    ],
+)
+def test_bad_selector_is_refused_before_any_matching(
+    sink: MailSink, selector: dict[str, Any], expected: str
+) -> None:
+    mailbox = reserve(sink)
+
+    with pytest.raises(ContractError) as refused:
+        mailbox.wait_for(timeout=0.01, **selector)
+
+    assert expected in str(refused.value)
+
+
+def test_nested_groups_with_a_required_part_are_allowed(sink: MailSink) -> None:
+    mailbox = reserve(sink)
+    with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+        smtp.sendmail(
+            "app@example.test",
+            [mailbox.address],
+            b"Subject: Welcome to a.b.example.test\r\n\r\nhi\r\n",
+        )
+
+    message = mailbox.wait_for(subject_regex=r"to (\w+\.)+test$", timeout=SAFETY)
+
+    assert message.subject == "Welcome to a.b.example.test"
+
+
+def test_sink_binds_loopback_by_default(tmp_path: Path) -> None:
+    sink = MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN])
+
+    assert sink.host == "127.0.0.1"
+    assert is_loopback(sink.host)
+    assert is_loopback("localhost")
+    assert is_loopback("::1")
+    assert not is_loopback("0.0.0.0")
+    assert not is_loopback("192.168.1.10")
+    assert not is_loopback("mail.example.test")
+    sink.store.close()
+
+
+def test_stop_right_after_a_connection_leaks_no_socket(tmp_path: Path) -> None:
+    """-W error turns a leaked socket into a failure of this test (ResourceWarning)."""
+    store = Store(tmp_path / "s.sqlite3")
+    for _ in range(20):
+        sink = MailSink(store, domains=[DOMAIN]).start()
+        with socket.create_connection((sink.host, sink.port), timeout=SAFETY):
+            pass
+        sink.stop()
+        gc.collect()
+    store.close()

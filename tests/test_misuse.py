@@ -1,0 +1,408 @@
+"""Misuse from the user's side: bad settings, an exposed sink, and secrets at DEBUG level."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_mailbox.settings import OPTIONS, Option, Settings
+
+#: One invalid value per setting, and what the refusal must say it allows.
+BAD: dict[str, tuple[str, str]] = {
+    "domain": ("not a domain", "a domain name"),
+    "allowed_domains": ("ex!ample.test", "domain names separated by commas or spaces"),
+    "host": ("mail.example.test", "an IP address, or localhost"),
+    "port": ("65536", "an integer 0..65535"),
+    "max_message_size": ("10MB", "an integer 1024..1073741824"),
+    "max_recipients": ("0", "an integer 1..10000"),
+    "idle_timeout": ("0", "seconds 0.1..3600"),
+    "data_policy": ("strict", "'flag' or 'refuse'"),
+    "ttl_max": ("0", "an integer 1..86400"),
+    "receipts": (".", "a file path (not a directory)"),
+    "ttl": ("0", "whole seconds, 1..mailbox_ttl_max"),
+    "lease": ("inf", "seconds > 0, at most ttl"),
+    "timeout": ("nan", "seconds > 0"),
+    "max_reads": ("0", "an integer >= 1"),
+    "max_resends": ("-1", "an integer >= 0"),
+    "mode": ("fast", "'live' or 'dry-run'"),
+    "link_domains": ("localhost:8000", "a list of host names, e.g. ['app.example.test']"),
+}
+#: Checked by the contract (not the option's parser), so the message comes from there.
+CONTRACT_CHECKED = {"purpose": ("Sign Up", "purpose='Sign Up' is invalid: String should match")}
+
+
+def test_every_setting_has_a_misuse_case() -> None:
+    assert set(BAD) | set(CONTRACT_CHECKED) == {o.name for o in OPTIONS}
+
+
+@pytest.mark.parametrize("source", ["cli", "ini", "env"])
+@pytest.mark.parametrize("option", OPTIONS, ids=[o.name for o in OPTIONS])
+def test_bad_value_is_refused_naming_the_setting_and_what_it_allows(
+    option: Option, source: str
+) -> None:
+    name = option.name
+    value, allowed = BAD.get(name) or CONTRACT_CHECKED[name]
+    given = {name: value}
+    where = {"cli": option.flag, "ini": f"ini {option.ini}", "env": option.env}[source]
+
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        Settings.resolve(
+            cli=given if source == "cli" else {},
+            ini=given if source == "ini" else {},
+            env={option.env: value} if source == "env" else {},
+        )
+
+    if name in BAD:
+        assert str(refused.value) == f"{where}={value!r} is invalid; allowed: {allowed}"
+    else:
+        assert allowed in str(refused.value)
+
+
+def test_unknown_mailbox_ini_key_and_env_variable_are_refused() -> None:
+    with pytest.raises(
+        ValueError, match=r"^unknown ini key 'mailbox_ttll'; pytest-mailbox knows: "
+    ):
+        Settings.resolve(cli={}, ini={}, env={}, ini_keys=["mailbox_ttl", "mailbox_ttll"])
+    with pytest.raises(ValueError, match="PYTEST_MAILBOX_TTLL") as refused:
+        Settings.resolve(cli={}, ini={}, env={"PYTEST_MAILBOX_TTLL": "5", "PYTEST_ADDOPTS": ""})
+    assert str(refused.value).startswith(
+        "unknown environment variable 'PYTEST_MAILBOX_TTLL'; pytest-mailbox knows: "
+        "PYTEST_MAILBOX_ALLOWED_DOMAINS, PYTEST_MAILBOX_DATA_POLICY, "
+    )
+    Settings.resolve(cli={}, ini={}, env={}, ini_keys=["mailbox_ttl", "addopts", "markers"])
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "env", "expected"),
+    [
+        (
+            ["--mailbox-max-recipients=0"],
+            "",
+            {},
+            "pytest-mailbox: --mailbox-max-recipients='0' is invalid; allowed: an integer 1..10000",
+        ),
+        (
+            [],
+            "mailbox_idle_timeout = soon",
+            {},
+            "pytest-mailbox: ini mailbox_idle_timeout='soon' is invalid; "
+            "allowed: seconds 0.1..3600",
+        ),
+        (
+            [],
+            "",
+            {"PYTEST_MAILBOX_DATA_POLICY": "strict"},
+            "pytest-mailbox: PYTEST_MAILBOX_DATA_POLICY='strict' is invalid; "
+            "allowed: 'flag' or 'refuse'",
+        ),
+        (
+            [],
+            "mailbox_ttll = 5",
+            {},
+            "pytest-mailbox: unknown ini key 'mailbox_ttll'; pytest-mailbox knows: "
+            "mailbox_allowed_domains, mailbox_data_policy, *",
+        ),
+        (
+            [],
+            "",
+            {"PYTEST_MAILBOX_TIMOUT": "5"},
+            "pytest-mailbox: unknown environment variable 'PYTEST_MAILBOX_TIMOUT'; *",
+        ),
+        (
+            ["--mailbox-timeout=inf"],
+            "",
+            {},
+            "pytest-mailbox: --mailbox-timeout='inf' is invalid; allowed: seconds > 0",
+        ),
+    ],
+    ids=["cli-range", "ini-type", "env-choice", "unknown-ini-key", "unknown-env", "infinite"],
+)
+def test_bad_setting_stops_the_run_with_a_usage_error(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    ini: str,
+    env: dict[str, str],
+    expected: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_it(): pass")
+
+    result = pytester.runpytest(*args)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}"])
+
+
+MARKER_MISUSE = {
+    "ttl=True": "email_contract: ttl=True is invalid: Value error, Input should be a number, "
+    "not a bool (allowed: whole seconds, 1..mailbox_ttl_max)",
+    "lease=float('inf')": "email_contract: lease=inf is invalid: Input should be a finite number "
+    "(allowed: seconds > 0, at most ttl)",
+    "timeout='soon'": "email_contract: timeout='soon' is invalid: Input should be a valid number*",
+    "link_domains='app.example.test'": "email_contract: link_domains='app.example.test' is "
+    "invalid: Input should be a valid tuple (allowed: a list of host names*",
+    "max_reads=1.5": "email_contract: max_reads=1.5 is invalid: Input should be a valid integer*",
+    "purpose=5": "email_contract: purpose=5 is invalid: Input should be a valid string*",
+    "run_header='X Run'": "email_contract: run_header='X Run' is invalid: String should match*",
+    "max_resends=-1": "email_contract: max_resends=-1 is invalid: Input should be greater than "
+    "or equal to 0 (allowed: an integer >= 0)",
+}
+
+
+def test_bad_marker_arguments_fail_at_setup_naming_field_and_allowed_values(
+    pytester: pytest.Pytester,
+) -> None:
+    tests = "\n".join(
+        f"@pytest.mark.email_contract({args})\n"
+        f"def test_{n}(isolated_mailbox):\n    raise AssertionError('never runs')\n"
+        for n, args in enumerate(MARKER_MISUSE)
+    )
+    pytester.makepyfile(f"import pytest\n\n{tests}")
+
+    result = pytester.runpytest()
+
+    result.assert_outcomes(errors=len(MARKER_MISUSE))
+    for expected in MARKER_MISUSE.values():
+        result.stdout.fnmatch_lines([expected])
+    result.stdout.no_fnmatch_line("*never runs*")
+
+
+# -- binding ----------------------------------------------------------------------------------
+
+EXPOSED = (
+    "*pytest-mailbox: the SMTP sink listens on 0.0.0.0 (mailbox_host), not on loopback: "
+    "other machines can connect and send mail into this run.*"
+)
+
+
+def test_non_loopback_host_under_w_error_stops_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_it(): pass")
+
+    result = pytester.runpytest("-W", "error", "--mailbox-host=0.0.0.0")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: " + EXPOSED])
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_non_loopback_host_warns_once(pytester: pytest.Pytester, workers: str) -> None:
+    pytester.makepyfile("def test_it(): pass\ndef test_other(): pass")
+
+    result = pytester.runpytest("-n", workers, "--mailbox-host=0.0.0.0", "-W", "default")
+
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*ExposedSinkWarning: " + EXPOSED.lstrip("*")])
+    assert sum("ExposedSinkWarning:" in line for line in result.outlines) == 1
+
+
+def test_non_loopback_host_can_be_acknowledged(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_it(): pass")
+
+    result = pytester.runpytest(
+        "-W", "error", "-W", "ignore::pytest_mailbox.ExposedSinkWarning", "--mailbox-host=0.0.0.0"
+    )
+
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*ExposedSinkWarning*")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
+def test_loopback_hosts_do_not_warn(pytester: pytest.Pytester, host: str) -> None:
+    pytester.makepyfile(
+        f"""
+        def test_it(mailbox_server):
+            assert mailbox_server.host == {host!r}
+        """
+    )
+
+    result = pytester.runpytest("-W", "error", f"--mailbox-host={host}")
+
+    result.assert_outcomes(passed=1)
+
+
+# -- the options reach the sink ---------------------------------------------------------------
+
+RAW_CLIENT = """
+import socket
+
+import pytest
+
+
+class Raw:
+    def __init__(self, server):
+        self.sock = socket.create_connection((server.host, server.port), timeout=10)
+        self.file = self.sock.makefile("rb")
+        self.banner = self.reply()
+
+    def reply(self):
+        lines = []
+        while True:
+            line = self.file.readline()
+            lines.append(line)
+            if not line or line[3:4] != b"-":
+                return b"".join(lines)
+
+    def cmd(self, line):
+        self.sock.sendall(line + b"\\r\\n")
+        return self.reply()
+
+    def close(self):
+        self.file.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(mailbox_server):
+    client = Raw(mailbox_server)
+    yield client
+    client.close()
+"""
+
+
+def test_limits_and_policies_reach_the_sink(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(RAW_CLIENT)
+    pytester.makepyfile(
+        """
+        def test_limits(isolated_mailbox, raw):
+            assert raw.cmd(b"EHLO x").startswith(b"250")
+            assert raw.cmd(b"MAIL FROM:<a@example.test>").startswith(b"250")
+            replies = [raw.cmd(b"RCPT TO:<u%d@mailbox.test>" % i)[:3] for i in range(3)]
+            assert replies == [b"250", b"250", b"452"]
+            assert raw.cmd(b"DATA").startswith(b"354")
+            raw.sock.sendall(b"Subject: bare\\nX: y\\r\\n\\r\\nhi\\r\\n.\\r\\n")
+            assert raw.reply().startswith(b"554 5.6.0 Message refused: bare LF in DATA")
+            assert raw.file.read() == (
+                b"421 4.4.2 pytest-mailbox.test Error: timeout exceeded\\r\\n"
+            )
+        """
+    )
+
+    result = pytester.runpytest(
+        "--mailbox-max-recipients=2", "--mailbox-data-policy=refuse", "--mailbox-idle-timeout=1"
+    )
+
+    result.assert_outcomes(passed=1)
+
+
+# -- secrets ----------------------------------------------------------------------------------
+
+CODE = "482913"
+TOKEN = "Zq8vT4nW2xKp9LmR"
+
+SECRET_CONFTEST = f"""
+import logging
+from pathlib import Path
+
+import pytest
+
+CODE = {CODE!r}
+TOKEN = {TOKEN!r}
+LOG = Path(__file__).parent / "all.log"
+REPLIES = Path(__file__).parent / "replies.log"
+
+
+def pytest_configure(config):
+    # DEBUG on every logger, into a file nobody filters (besides pytest's own capture).
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG)
+    handler = logging.FileHandler(LOG, encoding="utf-8")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    root.addHandler(handler)
+
+
+@pytest.fixture
+def send(mailbox_server):
+    import socket
+
+    def send(to):
+        sock = socket.create_connection((mailbox_server.host, mailbox_server.port), timeout=10)
+        file = sock.makefile("rb")
+        replies = [file.readline()]
+
+        def cmd(data):
+            sock.sendall(data)
+            while True:
+                line = file.readline()
+                replies.append(line)
+                if not line or line[3:4] != b"-":
+                    return line
+
+        cmd(b"EHLO app.example.test\\r\\n")
+        cmd(b"MAIL FROM:<noreply@app.example.test>\\r\\n")
+        cmd(f"RCPT TO:<{{to}}>\\r\\n".encode())
+        cmd(b"DATA\\r\\n")
+        body = (
+            f"From: noreply@app.example.test\\r\\nTo: {{to}}\\r\\n"
+            f"Subject: Your code is {{CODE}}\\r\\n\\r\\n"
+            f"Code {{CODE}}. Link https://app.example.test/verify?token={{TOKEN}}\\r\\n.\\r\\n"
+        )
+        assert cmd(body.encode()).startswith(b"250")
+        # A confused client: the secrets as a command of their own, and as a VRFY argument.
+        cmd(f"{{CODE}} {{TOKEN}}\\r\\n".encode())
+        cmd(f"VRFY <{{CODE}}@@{{TOKEN}}>\\r\\n".encode())
+        cmd(b"QUIT\\r\\n")
+        sock.close()
+        with REPLIES.open("ab") as out:
+            out.write(b"".join(replies))
+
+    return send
+"""
+
+SECRET_TESTS = """
+import logging
+
+
+def test_extracts(isolated_mailbox, send):
+    send(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject_contains="Your code")
+    logging.getLogger("app").debug("verifying %s", isolated_mailbox.address)
+    assert msg.code(pattern=r"Code (\\d{6})") == CODE
+    assert msg.link(domain="app.example.test").endswith(TOKEN)
+    msg.ack()
+
+
+def test_fails_after_extracting(isolated_mailbox, send):
+    send(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject_contains="Your code")
+    msg.code(pattern=r"Code (\\d{6})")
+    msg.link(domain="app.example.test")
+    raise AssertionError("the app rejected the verification")
+""".replace("CODE", repr(CODE)).replace("TOKEN", repr(TOKEN))
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_no_secret_reaches_logs_replies_or_reports_at_debug(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makeconftest(SECRET_CONFTEST)
+    pytester.makepyfile(test_secrets=SECRET_TESTS)
+
+    result = pytester.runpytest(
+        "-n", workers, "-rA", "--log-level=DEBUG", "-o", "log_cli=true",
+        "--log-cli-level=DEBUG", "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl",
+    )  # fmt: skip
+
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the app rejected the verification*", "*- mailbox -*"])
+    logged = (pytester.path / "all.log").read_text()
+    replies = (pytester.path / "replies.log").read_text()
+    # The places searched are not empty: the sink logged at DEBUG, the client kept replies.
+    assert "mail.log INFO" in logged
+    assert "sent an unrecognised command" in logged
+    assert replies.count("250 2.0.0 Message accepted") == 2
+    assert "500 5.5.1 Error: command not recognized" in replies
+    assert "502 5.5.1 Could not VRFY that address" in replies
+    outputs = {
+        "terminal": "\n".join(result.outlines + result.errlines),
+        "root logger at DEBUG": logged,
+        "SMTP replies": replies,
+        "junit": (pytester.path / "junit.xml").read_text(),
+        "jsonl": (pytester.path / "receipts.jsonl").read_text(),
+    }
+    for name, text in outputs.items():
+        assert CODE not in text, name
+        assert TOKEN not in text, name
+        assert TOKEN.lower() not in text.lower(), name

@@ -1,0 +1,278 @@
+"""The shared store under hostile process conditions: kill -9, endless readers, contention.
+
+Child processes are real interpreters working on the same SQLite file; the parent reads
+their progress from a pipe, never from a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import smtplib
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_mailbox.sink import MailSink
+from pytest_mailbox.store import Delivery, MailboxRow, Store
+
+SAFETY = 30.0  # seconds: an upper bound on waiting for a child, never a synchronisation
+
+
+def child(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def kill_9(process: subprocess.Popen[str]) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(SAFETY) == -signal.SIGKILL
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def integrity(path: Path) -> str:
+    with sqlite3.connect(path) as conn:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def deliver(store: Store, mailbox: MailboxRow, subject: str, body: bytes = b"hi") -> str:
+    (message_id,) = store.deliver(
+        mail_from="app@example.test",
+        deliveries=[
+            Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+        ],
+        raw=b"Subject: %s\r\n\r\n%s\r\n" % (subject.encode(), body),
+        subject=subject,
+        run_header=None,
+    )
+    return message_id
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    handle = Store(tmp_path / "store.sqlite3")
+    yield handle
+    handle.close()
+
+
+@pytest.fixture
+def mailbox(store: Store) -> MailboxRow:
+    row, _ = store.reserve(run_id="r-hardening", purpose="hard", ttl=600, domain="mailbox.test")
+    return row
+
+
+HOLD_A_WRITE = """
+    import sys
+    from pytest_mailbox.store import Store
+
+    store = Store(sys.argv[1])
+    with store._write() as tx:
+        tx.run("INSERT INTO bodies (raw) VALUES (?)", (b"never committed",))
+        print("inside the write transaction", flush=True)
+        sys.stdin.readline()  # killed here, holding the write lock
+"""
+
+
+def test_kill_9_inside_a_write_transaction_leaves_the_store_usable(
+    store: Store, mailbox: MailboxRow
+) -> None:
+    before = deliver(store, mailbox, "before the crash")
+    holder = child(HOLD_A_WRITE, str(store.path))
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "inside the write transaction\n"
+    # A writer of this process queues behind the lock the child holds.
+    delivered: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: delivered.append(deliver(store, mailbox, "while it held the lock"))
+    )
+    waiter.start()
+
+    kill_9(holder)
+    waiter.join(SAFETY)
+
+    assert not waiter.is_alive()
+    after = deliver(store, mailbox, "after the crash")
+    assert integrity(store.path) == "ok"
+    assert [m.message_id for m in store.messages(mailbox.mailbox_id)] == [
+        before,
+        *delivered,
+        after,
+    ]
+    with sqlite3.connect(store.path) as conn:
+        leftovers = conn.execute("SELECT COUNT(*) FROM bodies WHERE raw = ?", (b"never committed",))
+        assert leftovers.fetchone()[0] == 0
+
+
+RUN_A_SINK = """
+    import sys
+    from pytest_mailbox.sink import MailSink
+    from pytest_mailbox.store import Store
+
+    sink = MailSink(Store(sys.argv[1]), domains=["mailbox.test"], name="doomed").start()
+    print(sink.port, flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_kill_9_of_a_sink_process_loses_no_accepted_message(
+    store: Store, mailbox: MailboxRow
+) -> None:
+    process = child(RUN_A_SINK, str(store.path))
+    assert process.stdout is not None
+    port = int(process.stdout.readline())
+    accepted = []
+    with smtplib.SMTP("127.0.0.1", port, timeout=SAFETY) as smtp:
+        for n in range(20):
+            subject = f"accepted {n}"
+            smtp.sendmail("app@example.test", [mailbox.address], f"Subject: {subject}\r\n\r\nhi")
+            accepted.append(subject)  # sendmail returned: the sink answered 250
+    # A large message, killed while the sink parses or writes it.
+    raw = socket.create_connection(("127.0.0.1", port), timeout=SAFETY)
+    reader = raw.makefile("rb")
+    assert reader.readline().startswith(b"220")
+    for line in (b"HELO x", b"MAIL FROM:<app@example.test>", f"RCPT TO:<{mailbox.address}>"):
+        raw.sendall((line if isinstance(line, bytes) else line.encode()) + b"\r\n")
+        assert reader.readline().startswith(b"250")
+    raw.sendall(b"DATA\r\n")
+    assert reader.readline().startswith(b"354")
+    raw.sendall(b"Subject: in flight\r\n\r\n" + (b"0123456789abcdef" * 62 + b"\r\n") * 2000)
+    raw.sendall(b".\r\n")
+
+    kill_9(process)
+    reader.close()
+    raw.close()
+
+    assert integrity(store.path) == "ok"
+    subjects = [m.subject for m in store.messages(mailbox.mailbox_id)]
+    assert [s for s in subjects if s != "in flight"] == accepted
+    assert subjects.count("in flight") <= 1
+    # Another sink takes over the same store at once.
+    with (
+        MailSink(store, domains=["mailbox.test"], name="survivor") as survivor,
+        smtplib.SMTP(survivor.host, survivor.port, timeout=SAFETY) as smtp,
+    ):
+        smtp.sendmail("app@example.test", [mailbox.address], "Subject: survivor\r\n\r\nhi")
+    assert store.messages(mailbox.mailbox_id)[-1].subject == "survivor"
+
+
+def test_wal_stays_bounded_while_readers_never_pause(tmp_path: Path) -> None:
+    limit = 1024 * 1024
+    writer = Store(tmp_path / "store.sqlite3", wal_limit=limit)
+    reader = Store(tmp_path / "store.sqlite3")  # one connection per reading thread
+    mailbox, _ = writer.reserve(run_id="r-wal", purpose="wal", ttl=600, domain="mailbox.test")
+    done = threading.Event()
+    reads = [0, 0]
+
+    def read(slot: int) -> None:  # what a waiter does, without ever pausing
+        while not done.is_set():
+            reader.data_version()
+            reader.messages(mailbox.mailbox_id)
+            reader.checkpoint()
+            reads[slot] += 1
+
+    threads = [threading.Thread(target=read, args=(slot,)) for slot in range(2)]
+    for thread in threads:
+        thread.start()
+    largest = 0
+    body = b"x" * 16384
+    try:
+        for n in range(1600):  # 26 MB of messages, 26 times the limit
+            deliver(writer, mailbox, f"m{n}", body)
+            largest = max(largest, Path(f"{writer.path}-wal").stat().st_size)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(SAFETY)
+
+    assert min(reads) > 0  # the readers really overlapped the writes
+    # Bounded by the limit, plus what is written while another checkpointer (the store's
+    # background one) holds the checkpoint lock; without the bound it grows with the data.
+    assert largest <= 5 * limit
+    assert len(writer.messages(mailbox.mailbox_id)) == 1600
+    assert integrity(writer.path) == "ok"
+    reader.close()
+    writer.close()
+
+
+CONTEND = """
+    import json, sys
+    from pytest_mailbox.contract import CloseReason, Status
+    from pytest_mailbox.store import Delivery, Store
+
+    path, me, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = Store(path)
+    print("ready", flush=True)
+    sys.stdin.readline()  # every child starts together
+    for n in range(rounds):
+        row, _ = store.reserve(run_id=f"{me}-{n}", purpose="race", ttl=60, domain="mailbox.test")
+        assert store.mark(row.mailbox_id, row.fence, Status.WAITING) is None
+        (mid,) = store.deliver(
+            mail_from="a@example.test",
+            deliveries=[Delivery(rcpt=row.address, alias=row.alias, tag=None, domain=row.domain)],
+            raw=b"Subject: x\\r\\n\\r\\nhi\\r\\n", subject="x", run_header=None,
+        )
+        claimed = store.claim(mailbox_id=row.mailbox_id, mailbox_fence=row.fence,
+                              message_id=mid, holder=row.run_id, lease=30)
+        assert claimed.status is Status.CLAIMED, claimed
+        assert store.ack(mid, claimed.fence).status is Status.CONSUMED
+        released = store.release(row.mailbox_id, row.fence, CloseReason.RELEASED_SUCCESS)
+        assert released.status is Status.RELEASED, released
+        store.reconcile()
+        assert store.mailbox(row.mailbox_id).state == "released"
+    # Then everybody races for the same shared messages.
+    shared = json.loads(sys.argv[4])
+    won = []
+    for mailbox_id, fence, message_id in shared:
+        outcome = store.claim(mailbox_id=mailbox_id, mailbox_fence=fence,
+                              message_id=message_id, holder=me, lease=30)
+        assert outcome.status in (Status.CLAIMED, Status.ALREADY_CLAIMED), outcome
+        if outcome.status is Status.CLAIMED:
+            won.append([message_id, outcome.fence])
+    print(json.dumps(won), flush=True)
+"""
+
+
+def test_read_then_write_paths_never_hit_database_is_locked(store: Store) -> None:
+    shared = []
+    for n in range(30):
+        row, _ = store.reserve(run_id=f"shared-{n}", purpose="race", ttl=600, domain="mailbox.test")
+        shared.append([row.mailbox_id, row.fence, deliver(store, row, f"shared {n}")])
+    children = [
+        child(CONTEND, str(store.path), f"p{i}", "25", json.dumps(shared)) for i in range(4)
+    ]
+    for process in children:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "ready\n"
+    for process in children:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+
+    results = [process.communicate(timeout=SAFETY * 4) for process in children]
+
+    for process, (_, err) in zip(children, results, strict=True):
+        assert process.returncode == 0, err
+        assert "database is locked" not in err
+    won = [claim for out, _ in results for claim in json.loads(out.splitlines()[-1])]
+    assert sorted(message_id for message_id, _ in won) == sorted(m for _, _, m in shared)
+    fences = [fence for _, fence in won]
+    assert len(set(fences)) == len(fences)
+    counts = store.stats()
+    assert counts["consumed"] == 4 * 25
+    assert counts["claimed"] == 4 * 25 + 30
+    assert integrity(store.path) == "ok"
