@@ -1,0 +1,862 @@
+"""Mailbox tools for an LLM agent, behind a deterministic policy, with evidence (DESIGN §7).
+
+Every call goes intent → policy → adapter → evidence:
+
+- intent: the arguments are validated into a pydantic model; anything else is ``rejected``
+  and nothing runs;
+- policy: this run's opaque ``fixture_id`` only, ttl and lease limits, per-run budgets,
+  ``dry-run``, and ``expired`` as a terminal state, decided here in code, never in a prompt;
+- adapter: the only code that touches the store, through the run's ``Mailbox``;
+- evidence: every call is journaled ``proposed → allowed → executed`` (``refused`` when the
+  store said no and nothing changed, ``simulated`` in dry-run), or ``proposed → rejected``,
+  with its reason and latency.
+
+Answers are small and structured and never carry a body, a raw token or a code: a link comes
+back redacted, and the test side reads the real value with ``AgentTools.reveal``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import secrets
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import model_validator as _model_validator
+
+from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Selector, Status, utc
+from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
+from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, mask_secrets
+from pytest_mailbox.message import Message, _host, redact_url
+from pytest_mailbox.sink import normalize_domain
+from pytest_mailbox.store import MessageRow, Outcome, Store
+
+__all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
+
+#: The polling hint of an answer that found nothing yet.
+POLL_AFTER_MS = 500
+#: The longest a single ``wait_for_message`` may block, in seconds.
+MAX_WAIT = 60.0
+
+_FIXTURE_ID = r"^mbx-[0-9a-f]{4,32}$"
+_MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
+_SHOWN = 64  # agent-chosen names and ids are kept to this many characters in evidence
+_CLOSED = (Status.RELEASED, Status.EXPIRED)
+
+
+# -- intent: one model per tool -------------------------------------------------------------
+
+
+class _Arguments(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+FixtureId = Annotated[
+    str,
+    Field(pattern=_FIXTURE_ID, description="The fixture_id that reserve_mailbox returned."),
+]
+MessageId = Annotated[
+    str,
+    Field(pattern=_MESSAGE_ID, description="A message_id from wait_for_message."),
+]
+
+
+class ReserveMailbox(_Arguments):
+    """Get this run's mailbox: its fixture_id and e-mail address (the same on every call)."""
+
+    purpose: str = Field(
+        pattern=r"^[a-z][a-z0-9-]{0,29}$", description="What the mailbox is for, e.g. 'signup'."
+    )
+    ttl: int = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
+
+
+class WaitForMessage(_Arguments):
+    """Wait until a message with a link or a code arrives. Its content is never shown."""
+
+    fixture_id: FixtureId
+    kind: Literal["link", "code"] = Field(description="What the expected message carries.")
+    timeout: float = Field(ge=0, le=MAX_WAIT, description="Seconds to wait at most.")
+
+
+class MessageSelector(_Arguments):
+    """Which message to claim: by message_id, or the only one whose subject contains a text."""
+
+    message_id: MessageId | None = None
+    subject_contains: str | None = Field(
+        default=None, max_length=200, description="Text the subject contains."
+    )
+
+    @_model_validator(mode="after")
+    def _one_way(self) -> MessageSelector:
+        if self.message_id is not None and self.subject_contains is not None:
+            msg = "give message_id or subject_contains, not both"
+            raise ValueError(msg)
+        return self
+
+    @field_serializer("subject_contains")
+    def _masked(self, value: str | None) -> str | None:
+        return None if value is None else mask_secrets(value)
+
+
+class ClaimMessage(_Arguments):
+    """Claim one message under a lease so nothing else acts on it; returns its fence."""
+
+    fixture_id: FixtureId
+    selector: MessageSelector
+    lease: float | None = Field(
+        default=None, gt=0, le=3600, description="Lease in seconds; null for the default."
+    )
+
+
+class AckMessage(_Arguments):
+    """Mark a claimed message consumed, once the harness has used its link or code."""
+
+    fixture_id: FixtureId
+    message_id: MessageId
+    fence: int = Field(ge=1, description="The fence that claim_message returned.")
+
+
+class ReleaseMailbox(_Arguments):
+    """End the reservation; nothing more can be done with this fixture_id afterwards."""
+
+    fixture_id: FixtureId
+    reason: Literal["released_success", "released_error"] = Field(
+        description="released_success if the flow worked, else released_error."
+    )
+
+
+class RequestResend(_Arguments):
+    """Ask the app to send its mail again; later waits only see the new mail."""
+
+    fixture_id: FixtureId
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+
+class NextAction(BaseModel):
+    """A bounded hint: call a tool, poll it after a while, fix the arguments, or stop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    do: Literal["call", "poll", "fix_arguments", "stop"]
+    tool: str | None = None
+    poll_after_ms: int | None = Field(default=None, ge=0, le=60_000)
+
+
+def _call(tool: str) -> NextAction:
+    return NextAction(do="call", tool=tool)
+
+
+def _poll(tool: str, after_ms: int = POLL_AFTER_MS) -> NextAction:
+    return NextAction(do="poll", tool=tool, poll_after_ms=max(0, min(after_ms, 60_000)))
+
+
+_STOP = NextAction(do="stop")
+_FIX = NextAction(do="fix_arguments")
+
+
+class Answer(BaseModel):
+    """What every tool call returns: small, structured and secret-free."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: Literal[
+        "reserved",
+        "waiting",
+        "claimed",
+        "consumed",
+        "released",
+        "expired",
+        "already_claimed",
+        "already_consumed",
+        "ambiguous",
+        "fence_mismatch",
+        "lease_expired",
+        "budget_exceeded",
+        "policy_denied",
+        "provider_error",
+        "rejected",
+    ]
+    reason: str | None = None
+    fixture_id: str | None = None
+    address: str | None = None
+    remaining_ms: int | None = None
+    attempt: int | None = None
+    dry_run: bool | None = None
+    message_id: str | None = None
+    message_ids: list[str] | None = None
+    kind: Literal["link", "code"] | None = None
+    received_at: datetime | None = None
+    link: str | None = None
+    fence: int | None = None
+    lease_ms: int | None = None
+    next_action: NextAction
+
+
+#: The store's refusals: what the agent reads, and what it may do next. Nothing changed.
+_REFUSALS: dict[Status, tuple[str, NextAction]] = {
+    Status.POLICY_DENIED: ("that message_id is not a message of this mailbox", _FIX),
+    Status.ALREADY_CONSUMED: ("acknowledged already; do not act on it twice", _STOP),
+    Status.FENCE_MISMATCH: (
+        "that fence is not the message's current claim; claim it again",
+        _call("claim_message"),
+    ),
+    Status.LEASE_EXPIRED: ("the lease ran out first; claim it again", _call("claim_message")),
+    Status.AMBIGUOUS: ("several messages match; claim one by message_id", _call("claim_message")),
+    Status.WAITING: ("no message matches yet", _poll("wait_for_message")),
+}
+
+
+@dataclass(frozen=True)
+class _Tool:
+    name: str
+    title: str
+    arguments: type[_Arguments]
+    done: Status  # the status of success, which a dry-run answers
+    then: NextAction  # what to do after success
+    budget: Literal["reads", "resends"] | None = None
+
+    @property
+    def description(self) -> str:
+        return inspect.cleandoc(self.arguments.__doc__ or "")
+
+
+_TOOLS = (
+    _Tool(
+        "reserve_mailbox",
+        "Reserve the mailbox",
+        ReserveMailbox,
+        Status.RESERVED,
+        _call("wait_for_message"),
+    ),
+    _Tool(
+        "wait_for_message",
+        "Wait for a message",
+        WaitForMessage,
+        Status.WAITING,
+        _call("claim_message"),
+        "reads",
+    ),
+    _Tool(
+        "claim_message",
+        "Claim a message",
+        ClaimMessage,
+        Status.CLAIMED,
+        _call("ack_message"),
+        "reads",
+    ),
+    _Tool(
+        "ack_message",
+        "Acknowledge a message",
+        AckMessage,
+        Status.CONSUMED,
+        _call("release_mailbox"),
+    ),
+    _Tool("release_mailbox", "Release the mailbox", ReleaseMailbox, Status.RELEASED, _STOP),
+    _Tool(
+        "request_resend",
+        "Ask for the mail again",
+        RequestResend,
+        Status.WAITING,
+        _call("wait_for_message"),
+        "resends",
+    ),
+)
+
+
+# -- schemas ----------------------------------------------------------------------------------
+
+
+def _schema(model: type[BaseModel], *, strict: bool) -> dict[str, Any]:
+    """The model's JSON schema, ``$ref``s inlined, titles dropped; ``strict`` requires all."""
+    raw = model.model_json_schema()
+    defs = raw.pop("$defs", {})
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, list):
+            return [clean(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return clean(defs[node["$ref"].rsplit("/", 1)[-1]])
+        out = {k: clean(v) for k, v in node.items() if k not in ("title", "default")}
+        if "properties" in out:
+            if strict:
+                out["required"] = list(out["properties"])
+            out["additionalProperties"] = False
+        return out
+
+    schema: dict[str, Any] = clean(raw)
+    schema.pop("description", None)  # the tool's description says it
+    return schema
+
+
+_ANSWER_SCHEMA = _schema(Answer, strict=False)
+
+
+# -- evidence ---------------------------------------------------------------------------------
+
+
+def journal_path(store_path: Path) -> Path:
+    """Where a run's agent evidence lives: a SQLite file beside the store."""
+    return store_path.with_name(store_path.stem + ".agent.sqlite3")
+
+
+class _Journal:
+    """Evidence and tool bindings, shared by every process that serves a run's tools.
+
+    A file of its own beside the store, so journaling a dry-run call touches no mailbox state.
+    """
+
+    _SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS evidence (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " mailbox_id TEXT NOT NULL, tool TEXT NOT NULL, budget TEXT,"
+        " allowed INTEGER NOT NULL, entry TEXT NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS evidence_mailbox ON evidence (mailbox_id, seq)",
+        "CREATE TABLE IF NOT EXISTS bindings (mailbox_id TEXT PRIMARY KEY,"
+        " contract TEXT NOT NULL, ttl_max INTEGER NOT NULL)",
+    )
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with FileLock(f"{path}.lock"), self._connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            for statement in self._SCHEMA:
+                conn.execute(statement)
+
+    @contextmanager
+    def _connect(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+        # One short connection per operation: tools are called from any thread.
+        conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        try:
+            if write:
+                conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            if write:
+                conn.execute("COMMIT")
+        finally:
+            conn.close()  # an uncommitted transaction is rolled back
+
+    def bind(self, mailbox_id: str, contract: EmailContract, ttl_max: int) -> None:
+        with self._connect() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO bindings VALUES (?,?,?)",
+                (mailbox_id, contract.model_dump_json(), ttl_max),
+            )
+
+    def binding(self, mailbox_id: str) -> tuple[EmailContract, int] | None:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT contract, ttl_max FROM bindings WHERE mailbox_id = ?", (mailbox_id,)
+            ).fetchone()
+        return None if row is None else (EmailContract.model_validate_json(row[0]), int(row[1]))
+
+    def admit(
+        self, mailbox_id: str, tool: str, budget: str | None, limit: int | None
+    ) -> tuple[int, int] | None:
+        """Count a call against its budget atomically: (row, attempt), or None if used up."""
+        with self._connect(write=True) as conn:
+            if limit is not None:
+                (used,) = conn.execute(
+                    "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ? AND budget = ?"
+                    " AND allowed = 1",
+                    (mailbox_id, budget),
+                ).fetchone()
+                if used >= limit:
+                    return None
+            (before,) = conn.execute(
+                "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ? AND tool = ? AND allowed = 1",
+                (mailbox_id, tool),
+            ).fetchone()
+            row = conn.execute(
+                "INSERT INTO evidence (mailbox_id, tool, budget, allowed, entry)"
+                " VALUES (?,?,?,1,'')",
+                (mailbox_id, tool, budget),
+            ).lastrowid
+        assert row is not None
+        return row, before + 1
+
+    def write(self, row: int | None, entry: AgentEvidence) -> None:
+        with self._connect() as conn:
+            if row is None:
+                conn.execute(
+                    "INSERT INTO evidence (mailbox_id, tool, allowed, entry) VALUES (?,?,0,?)",
+                    (entry.mailbox_id, entry.tool, entry.model_dump_json()),
+                )
+            else:
+                conn.execute(
+                    "UPDATE evidence SET entry = ? WHERE seq = ?", (entry.model_dump_json(), row)
+                )
+
+    def entries(self, mailbox_id: str) -> list[AgentEvidence]:
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT entry FROM evidence WHERE mailbox_id = ? AND entry != '' ORDER BY seq",
+                (mailbox_id,),
+            ).fetchall()
+        return [AgentEvidence.model_validate_json(row[0]) for row in rows]
+
+
+@dataclass
+class _Call:
+    """One call on its way through the layers: what its evidence will say."""
+
+    tool: str
+    tool_call_id: str
+    at: datetime
+    steps: list[str] = field(default_factory=lambda: ["proposed"])
+    arguments: dict[str, Any] = field(default_factory=dict)
+    row: int | None = None
+
+
+def _shown(text: object) -> str:
+    """Agent-chosen names as evidence keeps them: printable, at most 64 characters."""
+    return "".join(c if c.isprintable() else "?" for c in str(text)[:_SHOWN])
+
+
+def _problems(tool: str, exc: Exception) -> str:
+    """Why the arguments were rejected, without echoing any value the agent sent."""
+    if not isinstance(exc, ValidationError):
+        return f"the arguments of {tool} must be a JSON object"
+    problems = []
+    for error in exc.errors(include_input=False, include_url=False):
+        where = ".".join(_shown(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            problems.append(f"unknown field {where!r}")
+        else:
+            problems.append(f"{where}: {error['msg']}")
+    return f"invalid arguments for {tool}: " + "; ".join(problems)
+
+
+# -- the toolset ------------------------------------------------------------------------------
+
+
+class AgentTools:
+    """The mailbox tools of one run for an LLM agent: ``definitions()``, ``call()``, ``reveal()``.
+
+    Made by ``Mailbox.agent_tools()``. The policy comes from the mailbox's contract:
+    ``max_reads`` (calls of ``wait_for_message`` and ``claim_message``), ``max_resends``,
+    ``lease``, ``mode`` and ``link_domains``; ``ttl_max`` defaults to the contract's ttl.
+    """
+
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        *,
+        ttl_max: int | None = None,
+        resend: Callable[[str], object] | None = None,
+    ) -> None:
+        self.mailbox = mailbox
+        self.contract = mailbox.contract
+        self.ttl_max = self.contract.ttl if ttl_max is None else ttl_max
+        self._resend = resend
+        self._tools = {t.name: t for t in _TOOLS if resend is not None or t.budget != "resends"}
+        self._limits = {"reads": self.contract.max_reads, "resends": self.contract.max_resends}
+        self._terminal: Answer | None = None
+        self._journal = _Journal(journal_path(mailbox.store.path))
+        self._journal.bind(mailbox.mailbox_id, self.contract, self.ttl_max)
+
+    @classmethod
+    def attach(cls, store: Store, mailbox_id: str, fence: int) -> AgentTools:
+        """The toolset that a test made with ``agent_tools()``, from another process."""
+        row = store.mailbox(mailbox_id)
+        if row is None:
+            msg = f"no mailbox {mailbox_id} in {store.path}"
+            raise ValueError(msg)
+        if row.fence != fence:
+            msg = f"fence {fence} is stale: mailbox {mailbox_id} has fence {row.fence}"
+            raise ValueError(msg)
+        binding = _Journal(journal_path(store.path)).binding(mailbox_id)
+        if binding is None:
+            msg = f"mailbox {mailbox_id} has no agent tools; call agent_tools() in its test first"
+            raise ValueError(msg)
+        contract, ttl_max = binding
+        return cls(Mailbox(store, row, contract=contract, nodeid=row.owner), ttl_max=ttl_max)
+
+    # -- definitions -------------------------------------------------------------------------
+
+    def definitions(
+        self, format: Literal["openai", "anthropic", "mcp"] = "openai"
+    ) -> list[dict[str, Any]]:
+        """The tools as JSON-schema definitions, in the shape that SDK or protocol accepts."""
+        if format not in ("openai", "anthropic", "mcp"):
+            msg = f"format={format!r} is not supported; choose 'openai', 'anthropic' or 'mcp'"
+            raise ValueError(msg)
+        found: list[dict[str, Any]] = []
+        for tool in self._tools.values():
+            schema = _schema(tool.arguments, strict=format == "openai")
+            about = {"name": tool.name, "description": tool.description}
+            if format == "openai":
+                function = {**about, "parameters": schema, "strict": True}
+                found.append({"type": "function", "function": function})
+            elif format == "anthropic":
+                found.append({**about, "input_schema": schema})
+            else:
+                found.append(
+                    {**about, "title": tool.title, "inputSchema": schema}
+                    | {"outputSchema": _ANSWER_SCHEMA}
+                )
+        return found
+
+    def mcp_command(self) -> list[str]:
+        """The command of an MCP stdio server bound to this run (needs ``pytest-mailbox[mcp]``)."""
+        return [
+            sys.executable,
+            "-m",
+            "pytest_mailbox.mcp_server",
+            "--store",
+            str(self.mailbox.store.path),
+            "--mailbox-id",
+            self.mailbox.mailbox_id,
+            "--fence",
+            str(self.mailbox.fence),
+        ]
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None = None,
+        tool_call_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Run one tool call through intent → policy → adapter → evidence; never raises.
+
+        ``arguments`` is the call's JSON object, as a dict or as the JSON text that chat
+        APIs deliver. The answer is a JSON-ready dict (``Answer``).
+        """
+        started = time.perf_counter()
+        call = _Call(
+            tool=_shown(name),
+            tool_call_id=_shown(tool_call_id) if tool_call_id else f"tc-{secrets.token_hex(6)}",
+            at=utc(self.mailbox.store.clock()),
+        )
+        try:
+            answer = self._decide(name, arguments, call)
+            self._record(call, answer, started)
+        except Exception as exc:  # the surface never raises: a failure is an answer too
+            reason = f"the harness failed ({type(exc).__name__}); it decides what happens next"
+            answer = self._reply(Status.PROVIDER_ERROR, _STOP, reason)
+            call.steps.append("failed")
+            with suppress(Exception):
+                self._record(call, answer, started)
+        return answer.model_dump(mode="json", exclude_none=True)
+
+    def _record(self, call: _Call, answer: Answer, started: float) -> None:
+        entry = AgentEvidence(
+            at=call.at,
+            run_id=self.mailbox.run_id,
+            mailbox_id=self.mailbox.mailbox_id,
+            tool_call_id=call.tool_call_id,
+            tool=call.tool,
+            mode=self.contract.mode,
+            arguments=call.arguments,
+            steps=call.steps,
+            status=answer.status,
+            reason=answer.reason,
+            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        self._journal.write(call.row, entry)
+
+    def _decide(self, name: str, arguments: Mapping[str, Any] | str | None, call: _Call) -> Answer:
+        tool = self._tools.get(name)
+        if tool is None:
+            call.steps.append("rejected")
+            tools = ", ".join(self._tools)
+            return Answer(
+                status="rejected",
+                reason=f"there is no tool {call.tool!r}; the tools are {tools}",
+                next_action=_FIX,
+            )
+        # intent
+        try:
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            if not isinstance(arguments, Mapping):
+                raise TypeError(tool.name)
+            args = tool.arguments.model_validate(dict(arguments))
+        except (TypeError, ValueError) as exc:
+            call.steps.append("rejected")
+            return Answer(
+                status="rejected",
+                reason=_problems(tool.name, exc),
+                next_action=NextAction(do="fix_arguments", tool=tool.name),
+            )
+        call.arguments = args.model_dump(mode="json")
+        # policy
+        denied = self._policy(tool, args)
+        admitted = None
+        if denied is None:
+            limit = self._limits.get(tool.budget or "")
+            admitted = self._journal.admit(self.mailbox.mailbox_id, tool.name, tool.budget, limit)
+        if admitted is None:
+            call.steps.append("rejected")
+            return denied or self._over_budget(tool)
+        call.row, attempt = admitted
+        call.steps.append("allowed")
+        # adapter, or in dry-run what a successful call would answer
+        dry = self.contract.mode == "dry-run"
+        if dry:
+            answer = self._done(
+                tool,
+                reason="dry-run: nothing was done",
+                address=self.mailbox.address if isinstance(args, ReserveMailbox) else None,
+                message_id=getattr(args, "message_id", None),
+                kind=getattr(args, "kind", None),
+            )
+            call.steps.append("simulated")
+        else:
+            try:
+                answer = self._adapt(tool, args)
+                call.steps.append("executed")
+            except MailboxError as exc:
+                answer = self._refusal(exc, args)
+                call.steps.append("refused")
+        if answer.status in (Status.RELEASED.value, Status.EXPIRED.value):
+            self._terminal = self._closed(Status(answer.status))
+        update = {"attempt": attempt, "remaining_ms": self._remaining_ms()}
+        return answer.model_copy(update={**update, "dry_run": True} if dry else update)
+
+    def _reply(
+        self, status: Status, next_action: NextAction, reason: str | None = None, **fields: Any
+    ) -> Answer:
+        """An answer about this run's mailbox."""
+        return Answer(
+            status=status.value,
+            reason=reason,
+            fixture_id=self.mailbox.mailbox_id,
+            next_action=next_action,
+            **fields,
+        )
+
+    # -- policy: decided without touching the store -------------------------------------------
+
+    def _policy(self, tool: _Tool, args: _Arguments) -> Answer | None:
+        """Why the call may not run, or None."""
+        own = self.mailbox.mailbox_id
+        if getattr(args, "fixture_id", own) != own:
+            return Answer(
+                status=Status.POLICY_DENIED.value,
+                reason="that fixture_id is not this run's; use the one reserve_mailbox returned",
+                next_action=_call("reserve_mailbox"),
+            )
+        if self._terminal is None and self._remaining_ms() == 0:
+            self._terminal = self._closed(Status.EXPIRED)
+        if self._terminal is not None:
+            return self._terminal
+        problem = None
+        if isinstance(args, ReserveMailbox) and args.purpose != self.mailbox.purpose:
+            problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
+        elif isinstance(args, ReserveMailbox) and args.ttl > self.ttl_max:
+            problem = f"ttl={args.ttl} exceeds this run's maximum of {self.ttl_max} seconds"
+        elif isinstance(args, ClaimMessage) and (args.lease or 0) > self.contract.lease:
+            problem = f"lease={args.lease:g} exceeds the contract's {self.contract.lease:g} seconds"
+        if problem is None:
+            return None
+        return Answer(
+            status=Status.POLICY_DENIED.value,
+            reason=problem,
+            fixture_id=None if isinstance(args, ReserveMailbox) else own,
+            next_action=NextAction(do="fix_arguments", tool=tool.name),
+        )
+
+    def _over_budget(self, tool: _Tool) -> Answer:
+        """The same answer every time: nothing in it moves with the clock or the count."""
+        budget = {"reads": "max_reads", "resends": "max_resends"}[tool.budget or ""]
+        reason = f"this run's {budget}={self._limits[tool.budget or '']} is used up"
+        if tool.budget == "reads":
+            reason += " (wait_for_message and claim_message are reads)"
+        return self._reply(Status.BUDGET_EXCEEDED, _STOP, reason)
+
+    def _closed(self, status: Status) -> Answer:
+        reason = f"the mailbox is {status.value}: terminal, the harness decides what comes next"
+        return self._reply(status, _STOP, reason)
+
+    def _remaining_ms(self) -> int:
+        left = self.mailbox.expires_at.timestamp() - self.mailbox.store.clock()
+        return max(0, round(left * 1000))
+
+    # -- adapter: the only code that touches the store ----------------------------------------
+
+    def _done(self, tool: _Tool, **fields: Any) -> Answer:
+        """The answer of a call that did what it was asked."""
+        return self._reply(tool.done, tool.then, **fields)
+
+    def _adapt(self, tool: _Tool, args: _Arguments) -> Answer:
+        mailbox = self.mailbox
+        if isinstance(args, WaitForMessage):
+            return self._wait(tool, args)
+        if isinstance(args, ClaimMessage):
+            return self._claim(tool, args)
+        if isinstance(args, AckMessage):
+            row = mailbox.store.message(args.message_id)
+            if row is None or row.mailbox_id != mailbox.mailbox_id:
+                raise MailboxClosed(args.message_id, status=Status.POLICY_DENIED)
+            mailbox.ack(args.message_id, args.fence)
+            return self._done(tool, **_id(args))
+        if isinstance(args, ReleaseMailbox):
+            outcome = mailbox.release(CloseReason(args.reason))
+            if outcome.status is not Status.RELEASED:  # pragma: no cover - policy saw it first
+                raise MailboxClosed(outcome.detail, status=outcome.status)
+            return self._done(tool)
+        state = Status(mailbox.state)  # reserve_mailbox, request_resend: only while open
+        if state in _CLOSED:
+            raise MailboxClosed(state.value, status=state)
+        if isinstance(args, ReserveMailbox):
+            return self._done(tool, address=mailbox.address)
+        assert self._resend is not None
+        mailbox.checkpoint()  # later waits consider only mail sent from now on
+        self._resend(mailbox.address)
+        return self._done(tool)
+
+    def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
+        """Wait for messages carrying ``kind``, without claiming one."""
+        mailbox, selector = self.mailbox, Selector()
+        mailbox._mark_waiting(selector)
+        deadline = time.monotonic() + args.timeout
+
+        def steps() -> Generator[Any, None, list[MessageRow]]:  # Mailbox drives the waiting
+            while True:
+                pause = mailbox._pause_point(deadline)
+                matches, _ = mailbox._scan(selector)
+                offered = [row for row in matches if self._carries(row, args.kind)]
+                if offered or pause.remaining() <= 0:
+                    return offered
+                yield pause
+
+        offered = mailbox._run(steps())
+        if not offered:
+            waiting = f"no message with a {args.kind} yet"
+            return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
+        if len(offered) > 1:
+            ids = [row.message_id for row in offered]
+            reason = f"{len(ids)} messages carry a {args.kind}; claim one by message_id"
+            return self._reply(Status.AMBIGUOUS, _call("claim_message"), reason, message_ids=ids)
+        row = offered[0]
+        return self._done(
+            tool,
+            message_id=row.message_id,
+            kind=args.kind,
+            received_at=utc(row.received_at),
+            link=self._link(mailbox._parsed_message(row)) if args.kind == "link" else None,
+        )
+
+    def _carries(self, row: MessageRow, kind: str) -> bool:
+        parsed = self.mailbox._parsed_message(row)
+        if kind == "link":
+            return self._link(parsed) is not None
+        try:
+            parsed.code()
+        except ExtractionError:
+            return False
+        return True
+
+    def _link(self, message: Message) -> str | None:
+        """The message's one link on an allowed host, redacted; None if none or several."""
+        allowed = self.contract.link_domains
+        found = [u for u in message.links() if not allowed or normalize_domain(_host(u)) in allowed]
+        return redact_url(found[0]) if len(found) == 1 else None
+
+    def _claim(self, tool: _Tool, args: ClaimMessage) -> Answer:
+        mailbox, chosen = self.mailbox, args.selector
+        if chosen.message_id is not None:
+            claimed = mailbox.claim(chosen.message_id, lease=args.lease)
+        else:
+            subject = (
+                {"subject_contains": chosen.subject_contains} if chosen.subject_contains else {}
+            )
+            claimed = mailbox.wait_for(timeout=0, lease=args.lease, **subject)
+        assert claimed.lease_until is not None
+        left = claimed.lease_until.timestamp() - mailbox.store.clock()
+        return self._done(
+            tool,
+            message_id=claimed.message_id,
+            received_at=claimed.received_at,
+            link=self._link(claimed),
+            fence=claimed.fence,
+            lease_ms=max(0, round(left * 1000)),
+        )
+
+    def _refusal(self, exc: MailboxError, args: _Arguments) -> Answer:
+        """A refusal of the mailbox or the store as an answer; never another run's ids."""
+        status, result = exc.status, exc.result
+        if status in _CLOSED:
+            return self._closed(status)
+        if isinstance(args, ClaimMessage):
+            args = args.selector
+        ids = {} if status is Status.POLICY_DENIED else _id(args)  # never echo another's id
+        if status is Status.ALREADY_CLAIMED:
+            mine = result.get("holder") == self.mailbox.run_id
+            if mine:
+                reason, then = "this run holds the claim already", _call("ack_message")
+                ids["fence"] = result.get("fence")
+            else:
+                left = float(result.get("lease_until") or 0) - self.mailbox.store.clock()
+                reason, then = (
+                    "another holder has it leased",
+                    _poll("claim_message", round(left * 1000)),
+                )
+            return self._reply(status, then, reason, **ids)
+        reason, then = _REFUSALS.get(status, (status.value, _STOP))
+        if status is Status.AMBIGUOUS:
+            ids["message_ids"] = [str(i) for i in result.get("message_ids", [])]
+        return self._reply(
+            status if status in _REFUSALS else Status.PROVIDER_ERROR, then, reason, **ids
+        )
+
+    # -- the test side -----------------------------------------------------------------------
+
+    def reveal(
+        self,
+        message_id: str,
+        *,
+        kind: Literal["link", "code"] = "link",
+        domain: str | None = None,
+        pattern: str | None = None,
+    ) -> str:
+        """The real link (or code) of a message this run holds: for the harness, not the model.
+
+        The link's domain is checked against the contract's ``link_domains``, and the value is
+        recorded in the receipt as a digest, exactly as ``ClaimedMessage.link()`` does.
+        """
+        mailbox = self.mailbox
+        row = mailbox.store.message(message_id)
+        now = mailbox.store.clock()
+        if (
+            row is None
+            or row.mailbox_id != mailbox.mailbox_id
+            or row.holder != mailbox.run_id
+            or not (
+                row.state == Status.CONSUMED.value
+                or (row.state == Status.CLAIMED.value and (row.lease_until or 0) > now)
+            )
+        ):
+            msg = (
+                f"{message_id} is not a message that run {mailbox.run_id} holds in "
+                f"{mailbox.address}; the agent claims it first (claim_message)"
+            )
+            raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
+        outcome = Outcome(Status.CLAIMED, message_id, fence=row.fence, lease_until=row.lease_until)
+        message = ClaimedMessage(mailbox.store.raw(row.body_id), row, mailbox, outcome)
+        return message.code(pattern) if kind == "code" else message.link(domain)
+
+    def evidence(self) -> list[AgentEvidence]:
+        """Every call on this run's mailbox so far, from every process, in order."""
+        return self._journal.entries(self.mailbox.mailbox_id)
+
+
+def _id(args: _Arguments) -> dict[str, Any]:
+    """The message_id the agent named, if any, for its answer."""
+    message_id = getattr(args, "message_id", None)
+    return {} if message_id is None else {"message_id": message_id}

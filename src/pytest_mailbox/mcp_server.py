@@ -1,0 +1,115 @@
+"""The agent tools of one run as an MCP server over stdio (``pytest-mailbox[mcp]``).
+
+``python -m pytest_mailbox.mcp_server --store PATH --mailbox-id ID --fence N`` serves the
+tools that the run's test made with ``isolated_mailbox.agent_tools()`` (whose
+``mcp_command()`` is this command line), under the same policy, budgets and evidence
+journal. Every answer is a result with ``structuredContent``; refusals such as
+``policy_denied`` or ``budget_exceeded`` are ordinary results, never ``isError``, so the
+agent can read their ``next_action``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_mailbox.agent import AgentTools
+from pytest_mailbox.store import Store
+
+if TYPE_CHECKING:
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.lowlevel import Server
+    from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult
+
+__all__ = ["build_server", "main", "serve"]
+
+_MISSING = "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
+
+
+def build_server(tools: AgentTools) -> Server[Any]:
+    """A low-level MCP server that lists ``tools`` and answers their calls."""
+    import anyio.to_thread  # noqa: PLC0415 - the mcp extra is optional
+    from mcp import types  # noqa: PLC0415
+    from mcp.server.lowlevel import Server  # noqa: PLC0415
+
+    listed = [
+        types.Tool(
+            name=d["name"],
+            title=d["title"],
+            description=d["description"],
+            input_schema=d["inputSchema"],
+            output_schema=d["outputSchema"],
+        )
+        for d in tools.definitions("mcp")
+    ]
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: object) -> ListToolsResult:
+        return types.ListToolsResult(tools=listed)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams
+    ) -> CallToolResult:
+        # A wait blocks: run it in a thread so the session keeps answering pings.
+        answer = await anyio.to_thread.run_sync(
+            tools.call, params.name, params.arguments or {}, f"mcp-{ctx.request_id}"
+        )
+        return types.CallToolResult(
+            content=[types.TextContent(text=json.dumps(answer))], structured_content=answer
+        )
+
+    return Server(
+        "pytest-mailbox",
+        title="pytest-mailbox agent tools",
+        instructions=(
+            "Mailbox tools for one test run. Answers never contain a message body, link "
+            "token or code; the test harness reads those itself. Follow next_action."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+async def serve(tools: AgentTools) -> None:
+    """Serve ``tools`` on stdin/stdout until the client closes the stream."""
+    from mcp.server.stdio import stdio_server  # noqa: PLC0415
+
+    server = build_server(tools)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, bind to the run's mailbox, serve until stdin closes."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_mailbox.mcp_server",
+        description="Serve one run's pytest-mailbox agent tools over MCP stdio.",
+    )
+    parser.add_argument("--store", type=Path, required=True, help="The run's store file")
+    parser.add_argument("--mailbox-id", required=True, help="The run's mailbox_id")
+    parser.add_argument("--fence", type=int, required=True, help="The mailbox's fence")
+    args = parser.parse_args(argv)
+    try:
+        import anyio  # noqa: PLC0415
+    except ImportError:
+        parser.error(_MISSING)
+    if not args.store.is_file():
+        parser.error(f"--store {args.store}: no such file")
+    store = Store(args.store)
+    try:
+        tools = AgentTools.attach(store, args.mailbox_id, args.fence)
+    except ValueError as exc:
+        store.close()
+        parser.error(str(exc))
+    try:
+        anyio.run(serve, tools)
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

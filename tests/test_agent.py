@@ -1,0 +1,1116 @@
+"""The agent surface: mailbox tools for an LLM agent, behind a deterministic policy.
+
+Agents here are a scripted sequence of calls, pydantic-ai's FunctionModel and TestModel,
+and the official MCP client talking to the stdio server. The app sends real SMTP to the
+session's sink. Misbehaviour gets an exact structured answer and changes nothing; no
+answer, evidence entry or receipt holds the body, the token or the code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import smtplib
+import string
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from pydantic_ai import Agent, RunContext, Tool
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.test import TestModel
+
+from pytest_mailbox import ContractError, EmailContract, Mailbox, MailboxClosed, Receipt, Status
+from pytest_mailbox.agent import Answer, journal_path
+from pytest_mailbox.contract import dump_receipt
+from pytest_mailbox.mcp_server import main as mcp_main
+from pytest_mailbox.sink import MailSink, SmtpEndpoint
+from pytest_mailbox.store import Store
+
+APP = "app.example.test"
+DOMAIN = "mailbox.test"
+TOOLS = "reserve_mailbox, wait_for_message, claim_message, ack_message, release_mailbox"
+VOLATILE = ("remaining_ms", "received_at", "lease_ms")
+SIGNUP = pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, link_domains=[APP])
+
+
+@dataclass
+class SignupApp:
+    """A tiny app under test: sign-up sends a real mail with a link token and a code."""
+
+    host: str
+    port: int
+    sent: list[dict[str, str]] = field(default_factory=list)
+    verified: set[str] = field(default_factory=set)
+
+    def signup(self, address: str) -> None:
+        token = "".join(secrets.choice(string.ascii_letters) for _ in range(32))  # no digits
+        code = str(secrets.randbelow(9 * 10**7) + 10**7)  # eight digits: the only code
+        link = f"https://{APP}/verify?token={token}"
+        mail = EmailMessage()
+        mail["From"] = f"noreply@{APP}"
+        mail["To"] = address
+        mail["Subject"] = "Verify your e-mail address"
+        mail.set_content(f"Welcome!\n\nOpen {link} or type the code {code} to finish.\n")
+        with smtplib.SMTP(self.host, self.port) as smtp:
+            smtp.send_message(mail)
+        self.sent.append({"address": address, "link": link, "token": token, "code": code})
+
+    def welcome(self, address: str) -> None:
+        """A mail with neither a link nor a code."""
+        mail = EmailMessage()
+        mail["From"] = f"noreply@{APP}"
+        mail["To"] = address
+        mail["Subject"] = "Welcome aboard"
+        mail.set_content("Glad to have you.\n")
+        with smtplib.SMTP(self.host, self.port) as smtp:
+            smtp.send_message(mail)
+
+    def verify(self, link: str) -> bool:
+        (token,) = parse_qs(urlsplit(link).query)["token"]
+        for sent in self.sent:
+            if secrets.compare_digest(token, sent["token"]):
+                self.verified.add(sent["address"])
+                return True
+        return False
+
+    def assert_secret_free(self, *texts: str) -> None:
+        """None of the texts holds a body, a link with its token, a token or a code."""
+        assert self.sent
+        for text in texts:
+            assert "type the code" not in text  # a phrase of the body only
+            for sent in self.sent:
+                for secret in (sent["link"], sent["token"], sent["code"]):
+                    assert secret not in text
+
+
+@pytest.fixture
+def app(mailbox_server: SmtpEndpoint) -> SignupApp:
+    return SignupApp(mailbox_server.host, mailbox_server.port)
+
+
+def stable(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer without the fields that move with the clock."""
+    return {k: v for k, v in answer.items() if k not in VOLATILE}
+
+
+def trail(mailbox: Mailbox) -> list[tuple[str, list[str], str]]:
+    """(tool, steps, status) of every evidence entry in the run's receipt, in order."""
+    return [(e.tool, e.steps, e.status) for e in mailbox.receipt().evidence or []]
+
+
+def untouched(store: Store, mailbox: Mailbox) -> tuple[object, ...]:
+    """What an executed call would change: the mailbox's events and its messages' claims."""
+    return (
+        [tuple(e) for e in store.events(mailbox.mailbox_id)],
+        store.messages(mailbox.mailbox_id),
+    )
+
+
+# -- the flow ------------------------------------------------------------------------------
+
+
+@SIGNUP
+def test_a_scripted_agent_signs_up_and_every_call_is_evidence(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    answers = []
+
+    def call(tool_call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+        answer = tools.call(name, arguments, tool_call_id)
+        answers.append(answer)
+        return answer
+
+    reserved = call("c1", "reserve_mailbox", {"purpose": "signup", "ttl": 60})
+    fixture_id, address = reserved["fixture_id"], reserved["address"]
+    assert stable(reserved) == {
+        "status": "reserved",
+        "fixture_id": isolated_mailbox.mailbox_id,
+        "address": isolated_mailbox.address,
+        "attempt": 1,
+        "next_action": {"do": "call", "tool": "wait_for_message"},
+    }
+    assert 0 < reserved["remaining_ms"] <= 120_000
+
+    app.signup(address)  # the agent filled in the sign-up form with its address
+
+    free_text = {"fixture_id": "my sign-up mailbox", "kind": "link", "timeout": 10}
+    assert call("c2", "wait_for_message", free_text)["status"] == "rejected"
+    found = call(
+        "c3", "wait_for_message", {"fixture_id": fixture_id, "kind": "link", "timeout": 10}
+    )
+    message_id = found["message_id"]
+    assert stable(found) == {
+        "status": "waiting",
+        "fixture_id": fixture_id,
+        "attempt": 1,
+        "message_id": message_id,
+        "kind": "link",
+        "link": f"https://{APP}/verify?token=…",
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+    selector = {"message_id": message_id, "subject_contains": None}
+    claim = {"fixture_id": fixture_id, "selector": selector, "lease": None}
+    claimed = call("c4", "claim_message", json.dumps(claim))  # JSON text, as chat APIs send it
+    fence = claimed["fence"]
+    assert stable(claimed) == {
+        "status": "claimed",
+        "fixture_id": fixture_id,
+        "attempt": 1,
+        "message_id": message_id,
+        "link": f"https://{APP}/verify?token=…",
+        "fence": fence,
+        "next_action": {"do": "call", "tool": "ack_message"},
+    }
+    assert 0 < claimed["lease_ms"] <= 30_000
+
+    # the harness, not the model, transcribes the link
+    assert app.verify(tools.reveal(message_id, domain=APP))
+    assert address in app.verified
+
+    ack = {"fixture_id": fixture_id, "message_id": message_id, "fence": fence}
+    assert call("c5", "ack_message", {**ack, "note": "clicked"})["status"] == "rejected"
+    assert stable(call("c6", "ack_message", ack)) == {
+        "status": "consumed",
+        "fixture_id": fixture_id,
+        "attempt": 1,
+        "message_id": message_id,
+        "next_action": {"do": "call", "tool": "release_mailbox"},
+    }
+    released = call(
+        "c7", "release_mailbox", {"fixture_id": fixture_id, "reason": "released_success"}
+    )
+    assert stable(released) == {
+        "status": "released",
+        "fixture_id": fixture_id,
+        "attempt": 1,
+        "next_action": {"do": "stop"},
+    }
+
+    receipt = isolated_mailbox.receipt()
+    assert receipt.evidence is not None
+    assert [(e.tool_call_id, e.tool, e.steps, e.status) for e in receipt.evidence] == [
+        ("c1", "reserve_mailbox", ["proposed", "allowed", "executed"], "reserved"),
+        ("c2", "wait_for_message", ["proposed", "rejected"], "rejected"),
+        ("c3", "wait_for_message", ["proposed", "allowed", "executed"], "waiting"),
+        ("c4", "claim_message", ["proposed", "allowed", "executed"], "claimed"),
+        ("c5", "ack_message", ["proposed", "rejected"], "rejected"),
+        ("c6", "ack_message", ["proposed", "allowed", "executed"], "consumed"),
+        ("c7", "release_mailbox", ["proposed", "allowed", "executed"], "released"),
+    ]
+    for entry in receipt.evidence:
+        assert (entry.run_id, entry.mailbox_id) == (isolated_mailbox.run_id, fixture_id)
+        assert entry.mode == "live"
+        assert entry.latency_ms >= 0
+    by_id = {e.tool_call_id: e for e in receipt.evidence}
+    assert by_id["c2"].arguments == {}  # rejected free text is not kept
+    assert by_id["c2"].reason == (
+        "invalid arguments for wait_for_message: "
+        "fixture_id: String should match pattern '^mbx-[0-9a-f]{4,32}$'"
+    )
+    assert by_id["c5"].reason == "invalid arguments for ack_message: unknown field 'note'"
+    assert by_id["c6"].arguments == ack
+    assert [e.at for e in receipt.evidence] == sorted(e.at for e in receipt.evidence)
+    assert (receipt.state, receipt.close_reason) == ("released", "released_success")
+    (message,) = receipt.messages
+    assert message.state == "consumed"
+    (digest,) = message.secrets
+    link = app.sent[0]["link"]
+    assert (digest.kind, digest.sha256) == ("link", hashlib.sha256(link.encode()).hexdigest())
+    app.assert_secret_free(json.dumps(answers), dump_receipt(receipt))
+
+
+def test_the_receipt_in_junit_carries_the_evidence(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_agent(isolated_mailbox):
+            tools = isolated_mailbox.agent_tools()
+            purpose = isolated_mailbox.purpose
+            reserved = tools.call("reserve_mailbox", {"purpose": purpose, "ttl": 60})
+            fixture_id = reserved["fixture_id"]
+            tools.call("list_inbox", {}, "t2")
+            tools.call("release_mailbox", {"fixture_id": fixture_id, "reason": "released_error"})
+        """
+    )
+    result = pytester.runpytest("--junitxml=junit.xml")
+    result.assert_outcomes(passed=1)
+    (prop,) = [
+        p
+        for p in ET.parse(pytester.path / "junit.xml").getroot().iter("property")
+        if p.get("name") == "mailbox.receipt"
+    ]
+    receipt = Receipt.model_validate_json(prop.get("value", ""))
+    assert receipt.evidence is not None
+    assert [(e.tool, e.steps[-1], e.status) for e in receipt.evidence] == [
+        ("reserve_mailbox", "executed", "reserved"),
+        ("list_inbox", "rejected", "rejected"),
+        ("release_mailbox", "executed", "released"),
+    ]
+    assert receipt.evidence[1].tool_call_id == "t2"
+    assert receipt.close_reason == "released_error"  # the agent's reason, not the teardown's
+
+
+def test_a_receipt_without_agent_tools_has_no_evidence(isolated_mailbox: Mailbox) -> None:
+    assert isolated_mailbox.receipt().evidence is None
+    assert '"evidence"' not in dump_receipt(isolated_mailbox.receipt())
+
+
+# -- misbehaviour: an exact answer, nothing executed ------------------------------------------
+
+
+@SIGNUP
+def test_another_runs_fixture_id_is_policy_denied(
+    isolated_mailbox: Mailbox, mailbox_store: Store, email_contract: EmailContract, app: SignupApp
+) -> None:
+    other = Mailbox.reserve(mailbox_store, contract=email_contract, domain=isolated_mailbox.domain)
+    app.signup(other.address)
+    (theirs,) = mailbox_store.messages(other.mailbox_id)
+    tools = isolated_mailbox.agent_tools()
+    before = untouched(mailbox_store, other)
+    denied = {
+        "status": "policy_denied",
+        "reason": "that fixture_id is not this run's; use the one reserve_mailbox returned",
+        "next_action": {"do": "call", "tool": "reserve_mailbox"},
+    }
+    foreign = other.mailbox_id
+    calls = [
+        ("wait_for_message", {"fixture_id": foreign, "kind": "link", "timeout": 0}),
+        (
+            "claim_message",
+            {"fixture_id": foreign, "selector": {"message_id": theirs.message_id}, "lease": None},
+        ),
+        ("ack_message", {"fixture_id": foreign, "message_id": theirs.message_id, "fence": 1}),
+        ("release_mailbox", {"fixture_id": foreign, "reason": "released_success"}),
+    ]
+    for name, arguments in calls:
+        assert tools.call(name, arguments) == denied
+    # this run's fixture_id with another run's message: the store refuses, nothing changes
+    own = isolated_mailbox.mailbox_id
+    not_ours = {
+        "status": "policy_denied",
+        "reason": "that message_id is not a message of this mailbox",
+        "fixture_id": own,
+        "attempt": 1,
+        "next_action": {"do": "fix_arguments"},
+    }
+    claim = {"fixture_id": own, "selector": {"message_id": theirs.message_id}, "lease": None}
+    assert stable(tools.call("claim_message", claim)) == not_ours
+    ack = {"fixture_id": own, "message_id": theirs.message_id, "fence": 1}
+    assert stable(tools.call("ack_message", ack)) == not_ours
+    assert untouched(mailbox_store, other) == before
+    assert mailbox_store.message(theirs.message_id).state == "waiting"  # type: ignore[union-attr]
+    assert [steps for _, steps, _ in trail(isolated_mailbox)] == [["proposed", "rejected"]] * 4 + [
+        ["proposed", "allowed", "refused"]
+    ] * 2
+    other.release()
+
+
+@SIGNUP
+def test_a_fourth_read_is_budget_exceeded_the_same_way_every_time(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    wait = {"fixture_id": own, "kind": "link", "timeout": 10}
+    assert [tools.call("wait_for_message", wait)["attempt"] for _ in range(3)] == [1, 2, 3]
+    before = untouched(mailbox_store, isolated_mailbox)
+    exceeded = {
+        "status": "budget_exceeded",
+        "reason": "this run's max_reads=3 is used up "
+        "(wait_for_message and claim_message are reads)",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    claim = {"fixture_id": own, "selector": {}, "lease": None}
+    assert tools.call("claim_message", claim) == exceeded
+    assert tools.call("wait_for_message", wait) == exceeded
+    assert tools.call("claim_message", claim) == exceeded
+    assert untouched(mailbox_store, isolated_mailbox) == before  # nothing was claimed
+    assert [steps[-1] for _, steps, _ in trail(isolated_mailbox)] == ["executed"] * 3 + [
+        "rejected"
+    ] * 3
+    app.assert_secret_free(dump_receipt(isolated_mailbox.receipt()))
+
+
+@SIGNUP
+def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    strict = isolated_mailbox.agent_tools(ttl_max=60)
+    own = isolated_mailbox.mailbox_id
+    before = untouched(mailbox_store, isolated_mailbox)
+
+    def denied(tool: str, reason: str, fixture_id: str | None = None) -> dict[str, Any]:
+        answer = {"status": "policy_denied", "reason": reason, "fixture_id": fixture_id}
+        return {k: v for k, v in answer.items() if v is not None} | {
+            "next_action": {"do": "fix_arguments", "tool": tool}
+        }
+
+    reserve = {"purpose": "signup", "ttl": 121}
+    assert tools.call("reserve_mailbox", reserve) == denied(
+        "reserve_mailbox", "ttl=121 exceeds this run's maximum of 120 seconds"
+    )
+    assert strict.call("reserve_mailbox", {**reserve, "ttl": 61}) == denied(
+        "reserve_mailbox", "ttl=61 exceeds this run's maximum of 60 seconds"
+    )
+    assert tools.call("reserve_mailbox", {"purpose": "reset", "ttl": 60}) == denied(
+        "reserve_mailbox", "this run's mailbox is for purpose 'signup'"
+    )
+    claim = {"fixture_id": own, "selector": {}, "lease": 31}
+    assert tools.call("claim_message", claim) == denied(
+        "claim_message", "lease=31 exceeds the contract's 30 seconds", own
+    )
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert {tuple(steps) for _, steps, _ in trail(isolated_mailbox)} == {("proposed", "rejected")}
+    # a denial spends no budget: three reads are still there
+    wait = {"fixture_id": own, "kind": "code", "timeout": 0}
+    assert [tools.call("wait_for_message", wait)["status"] for _ in range(3)] == ["waiting"] * 3
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "reason"),
+    [
+        ("list_inbox", {}, f"there is no tool 'list_inbox'; the tools are {TOOLS}"),
+        ("request_resend", {}, f"there is no tool 'request_resend'; the tools are {TOOLS}"),
+        (
+            "reserve_mailbox",
+            {"purpose": "signup", "ttl": 60, "body": "show me"},
+            "invalid arguments for reserve_mailbox: unknown field 'body'",
+        ),
+        (
+            "wait_for_message",
+            {"fixture_id": "FID", "kind": "body", "timeout": 1},
+            "invalid arguments for wait_for_message: kind: Input should be 'link' or 'code'",
+        ),
+        (
+            "wait_for_message",
+            {"fixture_id": "FID", "kind": "link", "timeout": 3600},
+            "invalid arguments for wait_for_message: "
+            "timeout: Input should be less than or equal to 60",
+        ),
+        (
+            "claim_message",
+            {"fixture_id": "FID", "selector": {"message_id": "the newest one"}, "lease": None},
+            "invalid arguments for claim_message: "
+            "selector.message_id: String should match pattern '^m-[0-9a-f]{4,32}$'",
+        ),
+        (
+            "claim_message",
+            {
+                "fixture_id": "FID",
+                "selector": {"message_id": "m-0123456789ab", "subject_contains": "Verify"},
+                "lease": None,
+            },
+            "invalid arguments for claim_message: "
+            "selector: Value error, give message_id or subject_contains, not both",
+        ),
+        (
+            "ack_message",
+            {"fixture_id": "FID", "message_id": "m-0123456789ab", "fence": "7"},
+            "invalid arguments for ack_message: fence: Input should be a valid integer",
+        ),
+        ("ack_message", "fence=7", "the arguments of ack_message must be a JSON object"),
+        ("release_mailbox", "[]", "the arguments of release_mailbox must be a JSON object"),
+        (
+            "release_mailbox",
+            {"fixture_id": "FID"},
+            "invalid arguments for release_mailbox: reason: Field required",
+        ),
+    ],
+)
+def test_unknown_tools_and_bad_arguments_are_rejected(
+    isolated_mailbox: Mailbox,
+    mailbox_store: Store,
+    tool: str,
+    arguments: dict[str, Any] | str,
+    reason: str,
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    if isinstance(arguments, dict) and arguments.get("fixture_id") == "FID":
+        arguments = {**arguments, "fixture_id": isolated_mailbox.mailbox_id}
+    before = untouched(mailbox_store, isolated_mailbox)
+    offered = [d["name"] for d in tools.definitions("anthropic")]
+    next_action = {"do": "fix_arguments"} | ({"tool": tool} if tool in offered else {})
+    assert tools.call(tool, arguments) == {
+        "status": "rejected",
+        "reason": reason,
+        "next_action": next_action,
+    }
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert trail(isolated_mailbox) == [(tool, ["proposed", "rejected"], "rejected")]
+
+
+class Clock:
+    """A clock the test moves by hand: ``Store(path, clock=clock)``."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clocked(tmp_path: Path) -> Iterator[tuple[Store, Clock, MailSink]]:
+    """A store on a hand-moved clock, with its own real sink."""
+    clock = Clock()
+    store = Store(tmp_path / "store.sqlite3", clock=clock)
+    with MailSink(store, domains=[DOMAIN]) as sink:
+        yield store, clock, sink
+    store.close()
+
+
+def _clocked_mailbox(store: Store, sink: MailSink) -> Mailbox:
+    contract = EmailContract(purpose="signup", ttl=120, lease=10, link_domains=(APP,))
+    return Mailbox.reserve(store, contract=contract, domain=DOMAIN, signal=sink.signal)
+
+
+def test_after_expiry_every_call_is_expired_and_nothing_starts_over(
+    clocked: tuple[Store, Clock, MailSink],
+) -> None:
+    store, clock, sink = clocked
+    mailbox = _clocked_mailbox(store, sink)
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    assert tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})["status"] == "reserved"
+    SignupApp(sink.host, sink.port).signup(mailbox.address)
+    clock.now += 120
+    before = untouched(store, mailbox)
+    expired = {
+        "status": "expired",
+        "reason": "the mailbox is expired: terminal, the harness decides what comes next",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    for name, arguments in [
+        ("reserve_mailbox", {"purpose": "signup", "ttl": 60}),
+        ("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5}),
+        ("claim_message", {"fixture_id": own, "selector": {}, "lease": None}),
+        ("ack_message", {"fixture_id": own, "message_id": "m-0123456789ab", "fence": 2}),
+        ("release_mailbox", {"fixture_id": own, "reason": "released_success"}),
+        ("reserve_mailbox", {"purpose": "signup", "ttl": 60}),
+    ]:
+        assert tools.call(name, arguments) == expired
+    assert untouched(store, mailbox) == before
+    assert store.stats()["reserved"] == 1  # no second mailbox: the harness decides
+    assert [steps for _, steps, _ in trail(mailbox)][1:] == [["proposed", "rejected"]] * 6
+
+
+@SIGNUP
+def test_after_the_harness_released_the_mailbox_every_call_is_released(
+    isolated_mailbox: Mailbox,
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    isolated_mailbox.release()
+    released = {
+        "status": "released",
+        "reason": "the mailbox is released: terminal, the harness decides what comes next",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    # the store says so first; from then on the policy answers without asking it
+    assert stable(tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})) == {
+        **released,
+        "attempt": 1,
+    }
+    assert tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5}) == (
+        released
+    )
+    assert [steps for _, steps, _ in trail(isolated_mailbox)] == [
+        ["proposed", "allowed", "refused"],
+        ["proposed", "rejected"],
+    ]
+
+
+def test_a_stale_fence_is_refused_and_changes_nothing(
+    clocked: tuple[Store, Clock, MailSink],
+) -> None:
+    store, clock, sink = clocked
+    mailbox = _clocked_mailbox(store, sink)
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    SignupApp(sink.host, sink.port).signup(mailbox.address)
+    claim = {"fixture_id": own, "selector": {}, "lease": None}
+    first = tools.call("claim_message", claim)
+    clock.now += 11  # the first holder stalls past its 10 s lease
+    second = tools.call("claim_message", claim)
+    message_id = first["message_id"]
+    assert second["message_id"] == message_id
+    assert second["fence"] > first["fence"]
+    before = untouched(store, mailbox)
+    ack = {"fixture_id": own, "message_id": message_id}
+    assert stable(tools.call("ack_message", {**ack, "fence": first["fence"]})) == {
+        "status": "fence_mismatch",
+        "reason": "that fence is not the message's current claim; claim it again",
+        "fixture_id": own,
+        "attempt": 1,
+        "message_id": message_id,
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+    assert untouched(store, mailbox) == before
+    row = store.message(message_id)
+    assert row is not None
+    assert (row.state, row.fence) == ("claimed", second["fence"])
+    clock.now += 11
+    assert stable(tools.call("ack_message", {**ack, "fence": second["fence"]})) == {
+        "status": "lease_expired",
+        "reason": "the lease ran out first; claim it again",
+        "fixture_id": own,
+        "attempt": 2,
+        "message_id": message_id,
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+    assert store.message(message_id).state == "waiting"  # type: ignore[union-attr]
+    assert [steps[-1] for _, steps, _ in trail(mailbox)] == [
+        "executed",
+        "executed",
+        "refused",
+        "refused",
+    ]
+
+
+@pytest.mark.email_contract(purpose="signup", max_reads=10, lease=30)
+def test_refusals_of_the_store_are_answers_that_tell_what_to_do(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    def call(name: str, **arguments: Any) -> dict[str, Any]:
+        answer = stable(tools.call(name, {"fixture_id": own, **arguments}))
+        del answer["attempt"]
+        return answer
+
+    nothing = {"status": "waiting", "fixture_id": own}
+    assert call("claim_message", selector={}, lease=None) == nothing | {
+        "reason": "no message matches yet",
+        "next_action": {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500},
+    }
+    app.welcome(isolated_mailbox.address)  # carries neither a link nor a code
+    for kind in ("code", "link"):
+        assert call("wait_for_message", kind=kind, timeout=0) == nothing | {
+            "reason": f"no message with a {kind} yet",
+            "next_action": {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500},
+        }
+    app.signup(isolated_mailbox.address)
+    app.signup(isolated_mailbox.address)
+    first, second = (m.message_id for m in mailbox_store.messages(own) if "Verify" in m.subject)
+    several = {"status": "ambiguous", "fixture_id": own, "message_ids": [first, second]}
+    assert call("wait_for_message", kind="code", timeout=10) == several | {
+        "reason": "2 messages carry a code; claim one by message_id",
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+    assert call("claim_message", selector={"subject_contains": "Verify"}, lease=None) == (
+        several
+        | {
+            "reason": "several messages match; claim one by message_id",
+            "next_action": {"do": "call", "tool": "claim_message"},
+        }
+    )
+    fence = call("claim_message", selector={"message_id": first}, lease=5)["fence"]
+    assert call("claim_message", selector={"message_id": first}, lease=None) == {
+        "status": "already_claimed",
+        "reason": "this run holds the claim already",
+        "fixture_id": own,
+        "message_id": first,
+        "fence": fence,
+        "next_action": {"do": "call", "tool": "ack_message"},
+    }
+    # another holder (say, the test itself in another process) leases the second message
+    mailbox_store.claim(
+        mailbox_id=own,
+        mailbox_fence=isolated_mailbox.fence,
+        message_id=second,
+        holder="r-the-test-side",
+        lease=20,
+    )
+    theirs = call("claim_message", selector={"message_id": second}, lease=None)
+    assert 0 < theirs["next_action"].pop("poll_after_ms") <= 20_000
+    assert theirs == {
+        "status": "already_claimed",
+        "reason": "another holder has it leased",
+        "fixture_id": own,
+        "message_id": second,
+        "next_action": {"do": "poll", "tool": "claim_message"},
+    }
+    assert call("ack_message", message_id=first, fence=fence)["status"] == "consumed"
+    assert call("ack_message", message_id=first, fence=fence) == {
+        "status": "already_consumed",
+        "reason": "acknowledged already; do not act on it twice",
+        "fixture_id": own,
+        "message_id": first,
+        "next_action": {"do": "stop"},
+    }
+    app.assert_secret_free(json.dumps(trail(isolated_mailbox)))
+
+
+@pytest.mark.email_contract(purpose="signup", mode="dry-run", max_reads=2)
+def test_dry_run_answers_what_would_happen_and_touches_nothing(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    resends: list[str] = []
+    tools = isolated_mailbox.agent_tools(resend=resends.append)
+    own = isolated_mailbox.mailbox_id
+    before = untouched(mailbox_store, isolated_mailbox)
+    simulated = {"reason": "dry-run: nothing was done", "fixture_id": own, "dry_run": True}
+    script: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+        (
+            "reserve_mailbox",
+            {"purpose": "signup", "ttl": 60},
+            {"status": "reserved", "address": isolated_mailbox.address},
+            "wait_for_message",
+        ),
+        (
+            "wait_for_message",
+            {"fixture_id": own, "kind": "code", "timeout": 30},
+            {"status": "waiting", "kind": "code"},
+            "claim_message",
+        ),
+        (
+            "claim_message",
+            {"fixture_id": own, "selector": {}, "lease": None},
+            {"status": "claimed"},
+            "ack_message",
+        ),
+        (
+            "ack_message",
+            {"fixture_id": own, "message_id": "m-0123456789ab", "fence": 9},
+            {"status": "consumed", "message_id": "m-0123456789ab"},
+            "release_mailbox",
+        ),
+        ("request_resend", {"fixture_id": own}, {"status": "waiting"}, "wait_for_message"),
+    ]
+    for name, arguments, expected, then_tool in script:
+        answer = tools.call(name, arguments)
+        assert answer.pop("remaining_ms") > 0
+        assert answer.pop("attempt") == 1
+        then = answer.pop("next_action")
+        assert answer == simulated | expected
+        assert then == {"do": "call", "tool": then_tool}
+    # budgets hold in dry-run too; release is terminal for the dry run alone
+    assert tools.call("wait_for_message", script[1][1])["status"] == "budget_exceeded"
+    release = {"fixture_id": own, "reason": "released_success"}
+    assert tools.call("release_mailbox", release)["status"] == "released"
+    assert tools.call("reserve_mailbox", script[0][1])["status"] == "released"
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert isolated_mailbox.state == "reserved"
+    assert resends == []  # the app's sender was never asked
+    assert {e.mode for e in isolated_mailbox.receipt().evidence or []} == {"dry-run"}
+    assert [steps[-1] for _, steps, _ in trail(isolated_mailbox)] == ["simulated"] * 5 + [
+        "rejected",
+        "simulated",
+        "rejected",
+    ]
+
+
+@SIGNUP
+def test_resends_are_budgeted_and_later_waits_see_only_the_new_mail(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools(resend=app.signup)
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    assert stable(tools.call("request_resend", {"fixture_id": own})) == {
+        "status": "waiting",
+        "fixture_id": own,
+        "attempt": 1,
+        "next_action": {"do": "call", "tool": "wait_for_message"},
+    }
+    assert len(app.sent) == 2
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+    assert found["status"] == "waiting"  # not ambiguous: the first mail predates the resend
+    claimed = tools.call(
+        "claim_message", {"fixture_id": own, "selector": {"message_id": found["message_id"]}}
+    )
+    assert tools.reveal(claimed["message_id"], domain=APP) == app.sent[1]["link"]
+    assert tools.call("request_resend", {"fixture_id": own}) == {
+        "status": "budget_exceeded",
+        "reason": "this run's max_resends=1 is used up",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    assert len(app.sent) == 2
+
+
+def test_a_failing_sender_is_a_provider_error_not_an_exception(isolated_mailbox: Mailbox) -> None:
+    def broken(address: str) -> None:
+        raise ConnectionRefusedError(address)
+
+    tools = isolated_mailbox.agent_tools(resend=broken)
+    assert tools.call("request_resend", {"fixture_id": isolated_mailbox.mailbox_id}) == {
+        "status": "provider_error",
+        "reason": "the harness failed (ConnectionRefusedError); it decides what happens next",
+        "fixture_id": isolated_mailbox.mailbox_id,
+        "next_action": {"do": "stop"},
+    }
+    assert trail(isolated_mailbox) == [
+        ("request_resend", ["proposed", "allowed", "failed"], "provider_error")
+    ]
+
+
+@SIGNUP
+def test_wait_for_message_waits_for_the_mail_to_arrive(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "link"}
+    # a real, short wait in which nothing arrives
+    assert tools.call("wait_for_message", {**wait, "timeout": 0.05})["status"] == "waiting"
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(tools.call, "wait_for_message", {**wait, "timeout": 30})
+        app.signup(isolated_mailbox.address)
+        found = waiting.result()
+    assert (found["status"], found["next_action"]) == (
+        "waiting",
+        {"do": "call", "tool": "claim_message"},
+    )
+    assert found["message_id"] == isolated_mailbox.store.messages(found["fixture_id"])[0].message_id
+
+
+# -- the test side -----------------------------------------------------------------------------
+
+
+@SIGNUP
+def test_reveal_gives_the_harness_what_the_model_never_sees(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 10})
+    message_id = found["message_id"]
+    with pytest.raises(MailboxClosed) as unclaimed:
+        tools.reveal(message_id, domain=APP)
+    assert unclaimed.value.status is Status.POLICY_DENIED
+    assert str(unclaimed.value) == (
+        f"{message_id} is not a message that run {isolated_mailbox.run_id} holds in "
+        f"{isolated_mailbox.address}; the agent claims it first (claim_message)"
+    )
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}, "lease": None})
+    with pytest.raises(ContractError, match=r"link domain 'evil\.example\.test' is not allowed"):
+        tools.reveal(message_id, domain="evil.example.test")
+    assert tools.reveal(message_id, kind="code") == app.sent[0]["code"]
+    ack = {"fixture_id": own, "message_id": message_id, "fence": claimed["fence"]}
+    assert tools.call("ack_message", ack)["status"] == "consumed"
+    assert tools.reveal(message_id, domain=APP) == app.sent[0]["link"]  # still ours, consumed
+    receipt = isolated_mailbox.receipt()
+    assert sorted(s.kind for s in receipt.messages[0].secrets) == ["code", "link"]
+    app.assert_secret_free(json.dumps([found, claimed]), dump_receipt(receipt))
+
+
+# -- definitions ---------------------------------------------------------------------------------
+
+
+def _objects(schema: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(schema, dict):
+        if "properties" in schema:
+            yield schema
+        for value in schema.values():
+            yield from _objects(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from _objects(item)
+
+
+def test_definitions_in_the_shapes_of_openai_anthropic_and_mcp(isolated_mailbox: Mailbox) -> None:
+    tools = isolated_mailbox.agent_tools()
+    openai = tools.definitions("openai")
+    assert openai == tools.definitions()
+    names = [d["function"]["name"] for d in openai]
+    assert names == TOOLS.split(", ")
+    for definition in openai:
+        assert set(definition) == {"type", "function"}
+        assert definition["type"] == "function"
+        function = definition["function"]
+        assert set(function) == {"name", "description", "parameters", "strict"}
+        assert function["strict"] is True
+        assert function["description"]
+        objects = list(_objects(function["parameters"]))
+        assert objects[0] is function["parameters"]
+        for obj in objects:  # strict: every property required, nothing else allowed
+            assert obj["required"] == list(obj["properties"])
+            assert obj["additionalProperties"] is False
+        assert "$ref" not in json.dumps(function["parameters"])
+
+    anthropic = tools.definitions("anthropic")
+    assert [set(d) for d in anthropic] == [{"name", "description", "input_schema"}] * 5
+    claim = next(d for d in anthropic if d["name"] == "claim_message")
+    assert claim["input_schema"]["required"] == ["fixture_id", "selector"]  # lease may be left out
+
+    mcp = tools.definitions("mcp")
+    assert [set(d) for d in mcp] == [
+        {"name", "title", "description", "inputSchema", "outputSchema"}
+    ] * 5
+    output = mcp[0]["outputSchema"]
+    assert output["required"] == ["status", "next_action"]
+    assert output["properties"]["status"]["enum"] == [s.value for s in Status] + ["rejected"]
+    assert set(output["properties"]) == set(Answer.model_fields)
+
+    with_resend = isolated_mailbox.agent_tools(resend=lambda address: None)
+    assert [d["name"] for d in with_resend.definitions("anthropic")][-1] == "request_resend"
+    with pytest.raises(ValueError, match="format='gemini' is not supported"):
+        tools.definitions("gemini")  # type: ignore[arg-type]
+
+
+# -- a real agent framework -------------------------------------------------------------------
+
+
+def _pydantic_ai_tools(
+    tools: Any, harness: dict[str, Callable[..., Any]] | None = None
+) -> list[Tool[None]]:
+    """pydantic-ai tools from the generated (OpenAI strict) definitions, plus harness tools."""
+
+    def bind(name: str) -> Callable[..., dict[str, Any]]:
+        def run(ctx: RunContext[None], **arguments: Any) -> dict[str, Any]:
+            answer: dict[str, Any] = tools.call(name, arguments, ctx.tool_call_id)
+            return answer
+
+        return run
+
+    found = [
+        Tool.from_schema(
+            bind(d["function"]["name"]),
+            name=d["function"]["name"],
+            description=d["function"]["description"],
+            json_schema=d["function"]["parameters"],
+            takes_ctx=True,
+        )
+        for d in tools.definitions("openai")
+    ]
+    return found + [Tool(function) for function in (harness or {}).values()]
+
+
+def _returns(messages: list[ModelMessage]) -> dict[str, Any]:
+    """The latest return of each tool in the conversation so far."""
+    return {
+        part.tool_name: part.content
+        for message in messages
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    }
+
+
+@SIGNUP
+def test_pydantic_ai_function_model_signs_up_through_the_definitions(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+
+    def sign_up(email: str) -> str:
+        """Fill in the app's sign-up form."""
+        app.signup(email)
+        return "signed up; check the mailbox"
+
+    def open_verification_link(message_id: str) -> dict[str, bool]:
+        """The harness opens the message's link; the model never sees it."""
+        return {"verified": app.verify(tools.reveal(message_id, domain=APP))}
+
+    seen: list[list[str]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append([t.name for t in info.function_tools])
+        got = _returns(messages)
+        fid = got.get("reserve_mailbox", {}).get("fixture_id")
+        message_id = got.get("wait_for_message", {}).get("message_id")
+        step: tuple[str, dict[str, Any]] | None = None
+        if "wait_for_message" not in got:
+            step = ("wait_for_message", {"fixture_id": "my mailbox", "kind": "link", "timeout": 9})
+        if "wait_for_message" in got and fid is None:
+            step = ("reserve_mailbox", {"purpose": "signup", "ttl": 60})
+        elif fid and "sign_up" not in got:
+            step = ("sign_up", {"email": got["reserve_mailbox"]["address"]})
+        elif "sign_up" in got and message_id is None:
+            step = ("wait_for_message", {"fixture_id": fid, "kind": "link", "timeout": 10})
+        elif message_id and "claim_message" not in got:
+            selector = {"message_id": message_id, "subject_contains": None}
+            step = ("claim_message", {"fixture_id": fid, "selector": selector, "lease": None})
+        elif "claim_message" in got and "open_verification_link" not in got:
+            step = ("open_verification_link", {"message_id": message_id})
+        elif "open_verification_link" in got and "ack_message" not in got:
+            fence = got["claim_message"]["fence"]
+            ack = {"fixture_id": fid, "message_id": message_id, "fence": fence}
+            step = ("ack_message", ack)
+        elif "ack_message" in got and "release_mailbox" not in got:
+            step = ("release_mailbox", {"fixture_id": fid, "reason": "released_success"})
+        if step is None:
+            return ModelResponse(parts=[TextPart("Signed up and verified.")])
+        return ModelResponse(parts=[ToolCallPart(step[0], step[1], tool_call_id=f"p{len(seen)}")])
+
+    harness = {"sign_up": sign_up, "open_verification_link": open_verification_link}
+    agent = Agent(FunctionModel(model), tools=_pydantic_ai_tools(tools, harness))
+    result = asyncio.run(agent.run("Sign up with a fresh mailbox and verify the address."))
+
+    assert result.output == "Signed up and verified."
+    assert isolated_mailbox.address in app.verified
+    assert seen[0] == [*TOOLS.split(", "), "sign_up", "open_verification_link"]
+    assert trail(isolated_mailbox) == [
+        ("wait_for_message", ["proposed", "rejected"], "rejected"),
+        ("reserve_mailbox", ["proposed", "allowed", "executed"], "reserved"),
+        ("wait_for_message", ["proposed", "allowed", "executed"], "waiting"),
+        ("claim_message", ["proposed", "allowed", "executed"], "claimed"),
+        ("ack_message", ["proposed", "allowed", "executed"], "consumed"),
+        ("release_mailbox", ["proposed", "allowed", "executed"], "released"),
+    ]
+    receipt = isolated_mailbox.receipt()
+    assert [e.tool_call_id for e in receipt.evidence or []] == ["p1", "p2", "p4", "p5", "p7", "p8"]
+    app.assert_secret_free(json.dumps(result.all_messages_json().decode()), dump_receipt(receipt))
+
+
+@SIGNUP
+def test_pydantic_ai_test_model_calls_every_tool_and_nothing_runs(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    before = untouched(mailbox_store, isolated_mailbox)
+    agent = Agent(TestModel(), tools=_pydantic_ai_tools(tools))
+    result = asyncio.run(agent.run("Do whatever you like with the mailbox."))
+    answers = json.loads(result.output)
+    assert sorted(answers) == sorted(TOOLS.split(", "))
+    # placeholders are not this run's ids: every call refused before the adapter
+    assert {a["status"] for a in answers.values()} <= {"rejected", "policy_denied"}
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert {tuple(steps) for _, steps, _ in trail(isolated_mailbox)} == {("proposed", "rejected")}
+
+
+# -- the MCP server ------------------------------------------------------------------------------
+
+
+@SIGNUP
+def test_mcp_server_over_stdio_answers_like_the_toolset_in_process(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    command = tools.mcp_command()
+    app.signup(isolated_mailbox.address)
+    misbehaviour: list[tuple[str, dict[str, Any]]] = [
+        ("wait_for_message", {"fixture_id": "mbx-000000000000", "kind": "link", "timeout": 0}),
+        ("reserve_mailbox", {"purpose": "signup", "ttl": 60, "body": "please"}),
+        ("reserve_mailbox", {"purpose": "signup", "ttl": 600}),
+        ("list_inbox", {}),
+    ]
+    in_process = [tools.call(name, arguments) for name, arguments in misbehaviour]
+
+    async def session() -> tuple[list[Any], list[dict[str, Any]]]:
+        params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+        answers: list[dict[str, Any]] = []
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            listed = await client.list_tools()
+
+            async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+                result = await client.call_tool(name, arguments)
+                assert not result.is_error  # refusals are ordinary results
+                (text,) = result.content
+                assert json.loads(text.text) == result.structured_content  # type: ignore[union-attr]
+                answers.append(result.structured_content)
+                return dict(result.structured_content)
+
+            for name, arguments in misbehaviour:
+                await call(name, arguments)
+            await call("reserve_mailbox", {"purpose": "signup", "ttl": 60})
+            found = await call(
+                "wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10}
+            )
+            selector = {"message_id": found["message_id"]}
+            claimed = await call("claim_message", {"fixture_id": own, "selector": selector})
+            # the test side reads the link in-process while the agent holds the claim
+            assert app.verify(tools.reveal(found["message_id"], domain=APP))
+            wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+            assert tools.call("wait_for_message", wait)["status"] == "waiting"  # read 3 of 3
+            await call(
+                "wait_for_message", wait
+            )  # read 4: the budget is the run's, not the process's
+            ack = {"fixture_id": own, "message_id": found["message_id"], "fence": claimed["fence"]}
+            await call("ack_message", ack)
+            await call("release_mailbox", {"fixture_id": own, "reason": "released_success"})
+        return listed.tools, answers
+
+    listed, answers = asyncio.run(session())
+
+    assert [(t.name, t.title, t.description, t.input_schema, t.output_schema) for t in listed] == [
+        (d["name"], d["title"], d["description"], d["inputSchema"], d["outputSchema"])
+        for d in tools.definitions("mcp")
+    ]
+    assert answers[:4] == in_process  # same answers, same policy
+    assert [a["status"] for a in answers[4:]] == [
+        "reserved",
+        "waiting",
+        "claimed",
+        "budget_exceeded",
+        "consumed",
+        "released",
+    ]
+    assert answers[7] == tools.call("claim_message", {"fixture_id": own, "selector": {}})
+    assert isolated_mailbox.address in app.verified
+    evidence = isolated_mailbox.receipt().evidence or []
+    served = [e for e in evidence if e.tool_call_id.startswith("mcp-")]
+    assert [(e.tool, e.status) for e in served][4:] == [
+        ("reserve_mailbox", "reserved"),
+        ("wait_for_message", "waiting"),
+        ("claim_message", "claimed"),
+        ("wait_for_message", "budget_exceeded"),
+        ("ack_message", "consumed"),
+        ("release_mailbox", "released"),
+    ]
+    assert len(evidence) == len(served) + len(in_process) + 2
+    app.assert_secret_free(json.dumps(answers), dump_receipt(isolated_mailbox.receipt()))
+
+
+def test_mcp_server_refuses_to_start_without_a_valid_binding(
+    isolated_mailbox: Mailbox,
+    mailbox_store: Store,
+    email_contract: EmailContract,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bare = Mailbox.reserve(mailbox_store, contract=email_contract, domain=isolated_mailbox.domain)
+    store, own = str(mailbox_store.path), isolated_mailbox.mailbox_id
+    fence = isolated_mailbox.fence
+    isolated_mailbox.agent_tools()
+
+    def refused(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exited:
+            mcp_main(argv)
+        assert exited.value.code == 2
+        return capsys.readouterr().err.splitlines()[-1].split(": error: ", 1)[1]
+
+    missing = tmp_path / "none.sqlite3"
+    assert refused("--store", str(missing), "--mailbox-id", own, "--fence", "1") == (
+        f"--store {missing}: no such file"
+    )
+    assert not missing.exists()
+    unknown = "mbx-000000000000"
+    assert refused("--store", store, "--mailbox-id", unknown, "--fence", str(fence)) == (
+        f"no mailbox {unknown} in {store}"
+    )
+    assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence + 1000)) == (
+        f"fence {fence + 1000} is stale: mailbox {own} has fence {fence}"
+    )
+    bare_args = ("--mailbox-id", bare.mailbox_id, "--fence", str(bare.fence))
+    assert refused("--store", store, *bare_args) == (
+        f"mailbox {bare.mailbox_id} has no agent tools; call agent_tools() in its test first"
+    )
+    monkeypatch.setitem(sys.modules, "anyio", None)  # as if installed without the mcp extra
+    assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence)) == (
+        "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
+    )
+    assert journal_path(mailbox_store.path).is_file()
+    bare.release()
