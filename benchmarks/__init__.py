@@ -1,0 +1,1 @@
+"""Benchmarks for pytest-mailbox: ``make bench`` (or ``python benchmarks/run.py --help``)."""

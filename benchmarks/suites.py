@@ -1,0 +1,193 @@
+"""Per-test cost: one generated suite, three ways of receiving its mail, run by real ``pytest``.
+
+Every test sends one mail with ``smtplib`` (a new connection, as an app's mail backend
+opens one) and waits for it. Only the fixture that receives the mail differs:
+
+- ``bare``: a session-scoped bare aiosmtpd sink appending to a list; no isolation;
+- ``smtpdfix``: smtpdfix's function-scoped ``smtpd`` fixture (a new server per test);
+- ``mailbox``: pytest-mailbox's ``isolated_mailbox``: reserve, wait, claim, ack, receipt;
+- ``mailbox-nodelay``: the same with TCP_NODELAY forced on the sink's connections (a
+  what-if for a proposed sink fix, patched in the suite's conftest, labelled as such).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PER_MODULE = 100
+#: Environment that would change what a suite does; the runs start without it.
+_FOREIGN_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_MAILBOX_", "SMTPD_")
+
+#: Plugins a suite may use; every other plugin installed in .venv is disabled in every run.
+RELATED = ("mailbox", "smtpd", "xdist", "xdist.looponfail")
+#: Plugins each kind does not use (the receiving fixture of the other two kinds).
+NOT_MINE = {
+    "bare": ("mailbox", "smtpd"),
+    "smtpdfix": ("mailbox",),
+    "mailbox": ("smtpd",),
+    "mailbox-nodelay": ("smtpd",),
+}
+
+_SEND = '''
+import smtplib
+
+MAIL = (
+    "From: Example App <noreply@app.example.test>\\r\\n"
+    "To: {rcpt}\\r\\n"
+    "Subject: {subject}\\r\\n"
+    "MIME-Version: 1.0\\r\\n"
+    "Content-Type: text/plain; charset=utf-8\\r\\n"
+    "\\r\\n"
+    "Open https://app.example.test/verify?token=Jx4c2VmZ3Rva2Vu or enter 482913.\\r\\n"
+)
+
+
+def send(host, port, rcpt, subject):
+    """What an app's SMTP mail backend does: connect, send one mail, quit."""
+    with smtplib.SMTP(host, port, local_hostname="client.test") as smtp:
+        smtp.sendmail("noreply@app.example.test", [rcpt], MAIL.format(rcpt=rcpt, subject=subject))
+'''
+
+CONFTEST = {
+    "bare": _SEND
+    + '''
+import pytest
+
+from benchmarks.smtp import ListSink
+
+
+@pytest.fixture(scope="session")
+def bare_sink():
+    """One bare aiosmtpd list sink for the whole session: no isolation at all."""
+    sink = ListSink().start()
+    yield sink
+    sink.stop()
+''',
+    "smtpdfix": _SEND,
+    "mailbox": _SEND,
+    "mailbox-nodelay": _SEND
+    + """
+import socket
+
+from pytest_mailbox import sink
+
+
+def _connection_made(self, transport, _made=sink._Protocol.connection_made):
+    # What-if: TCP_NODELAY on the sink's connections, as asyncio sets it for create_server(
+    # host, port). MailSink binds its own socket with proto 0, so asyncio leaves Nagle on.
+    transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _made(self, transport)
+
+
+sink._Protocol.connection_made = _connection_made
+""",
+}
+
+TEST = {
+    "bare": """
+import threading
+
+import pytest
+
+from conftest import send
+
+
+@pytest.mark.parametrize("n", range({count}))
+def test_mail(bare_sink, n):
+    subject = f"Verify {module}-{{n}}"
+    send(bare_sink.host, bare_sink.port, "user@mailbox.test", subject)
+    raw = bare_sink.handler.wait_for(subject, 10, threading.Event())
+    assert b"482913" in raw
+""",
+    "smtpdfix": """
+import pytest
+
+from conftest import send
+
+
+@pytest.mark.parametrize("n", range({count}))
+def test_mail(smtpd, n):
+    subject = f"Verify {module}-{{n}}"
+    send(smtpd.hostname, smtpd.port, "user@mailbox.test", subject)
+    (message,) = smtpd.messages
+    assert message["Subject"] == subject
+""",
+    "mailbox": """
+import pytest
+
+from conftest import send
+
+
+@pytest.mark.parametrize("n", range({count}))
+def test_mail(mailbox_server, isolated_mailbox, n):
+    subject = f"Verify {module}-{{n}}"
+    send(mailbox_server.host, mailbox_server.port, isolated_mailbox.address, subject)
+    message = isolated_mailbox.wait_for(subject=subject, timeout=10)
+    message.ack()
+""",
+}
+
+
+def generate(base: Path, kind: str, count: int) -> Path:
+    """Write the ``kind`` suite of ``count`` tests (modules of up to 100) under ``base``."""
+    path = base / kind
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "pytest.ini").write_text("[pytest]\n")
+    (path / "conftest.py").write_text(CONFTEST[kind])
+    module = 0
+    left = count
+    while left > 0:
+        size = min(PER_MODULE, left)
+        source = TEST[kind.split("-", maxsplit=1)[0]].format(count=size, module=module)
+        (path / f"test_mail_{module:02d}.py").write_text(source)
+        left -= size
+        module += 1
+    return path
+
+
+def unrelated() -> list[str]:
+    """The installed pytest plugins no suite uses (pytest-cov, hypothesis, anyio, …)."""
+    names = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    return ["cacheprovider", *sorted(names - set(RELATED))]
+
+
+def command(kind: str, workers: int | None) -> list[str]:
+    """The pytest command line: unrelated plugins off, xdist off unless ``workers`` is set."""
+    args = [sys.executable, "-m", "pytest", "-q"]
+    disabled = [*unrelated(), *NOT_MINE[kind]]
+    if workers is None:
+        disabled += ["xdist", "xdist.looponfail"]
+    for name in disabled:
+        args += ["-p", f"no:{name}"]
+    if workers is not None:
+        args += ["-n", str(workers)]
+    return [*args, "--basetemp", "basetemp"]
+
+
+def run(path: Path, kind: str, count: int, workers: int | None = None) -> float:
+    """Run the suite once; the wall time in seconds of the whole ``pytest`` process."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)},
+        "PYTHONPATH": str(ROOT),
+        "SMTPD_HOST": "127.0.0.1",  # smtpdfix: loopback only (its default is "localhost")
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    argv = command(kind, workers)
+    start = time.perf_counter()
+    done = subprocess.run(
+        argv, cwd=path, env=env, capture_output=True, text=True, timeout=1800, check=False
+    )
+    elapsed = time.perf_counter() - start
+    passed = re.search(r"(\d+) passed", done.stdout)
+    if done.returncode != 0 or passed is None or int(passed.group(1)) != count:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+        msg = f"the {kind} suite did not pass ({' '.join(argv[3:])}):\n{tail}"
+        raise RuntimeError(msg)
+    return elapsed

@@ -1,0 +1,96 @@
+"""The benchmark harness runs and writes a well-formed report.
+
+Benchmarks are not tests: nothing here looks at a timing, only at the shape of the output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CELL_SEPARATOR = re.compile(r"(?<!\\)\|")
+
+
+def tables(markdown: str) -> list[list[str]]:
+    """Every Markdown table: its consecutive lines that start with a pipe."""
+    found: list[list[str]] = []
+    current: list[str] = []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def test_the_harness_writes_a_well_formed_report(tmp_path: Path) -> None:
+    out, raw = tmp_path / "performance.md", tmp_path / "results.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--smoke",
+            "--only",
+            "wakeup,claims",
+            "--out",
+            str(out),
+            "--json",
+            str(raw),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    results = json.loads(raw.read_text(encoding="utf-8"))
+    assert results["errors"] == []
+    assert results["plan"]["mode"] == "smoke"
+    assert {"cores", "Python", "pytest-mailbox", "aiosmtpd"} <= set(results["machine"])
+    assert {row["section"] for row in results["rows"]} == {"Wake-up", "Scale"}
+    for row in results["rows"]:
+        assert isinstance(row["value"], float)
+        assert row["baseline"]
+    assert [t["text"] for t in results["targets"]] == [
+        "wake-up, own sink: p50 ≤ 2 ms",
+        "wake-up, own sink: p99 ≤ 10 ms",
+        "wake-up, another process's sink: p50 ≤ 10 ms",
+        "claim latency at 100 stored ≤ 1.5× empty store",
+    ]
+    assert all(t["met"] in (True, False) for t in results["targets"])
+
+    # The printed table and the Markdown file carry the same targets.
+    assert "target" in done.stdout
+    assert "claim latency at 100 stored" in done.stdout
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# Performance")
+    assert text.count("<!-- bench:begin -->") == text.count("<!-- bench:end -->") == 1
+    found = tables(text)
+    assert len(found) == 4  # machine, targets, wake-up, scale
+    for table in found:
+        widths = {len(CELL_SEPARATOR.split(line)) for line in table}
+        assert len(widths) == 1, table
+        assert set(table[1].replace("|", "")) == {"-"}
+    assert all(("met" in line or "missed" in line) for line in found[1][2:])
+
+
+def test_a_rerun_keeps_what_people_wrote_around_the_generated_part(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.run import BEGIN, END, write  # noqa: PLC0415 - not an installed package
+    finally:
+        sys.path.remove(str(ROOT))
+    out = tmp_path / "performance.md"
+    write(out, f"{BEGIN}\nfirst\n{END}")
+    out.write_text(out.read_text(encoding="utf-8") + "\n## Fixes\n\nkept\n", encoding="utf-8")
+    write(out, f"{BEGIN}\nsecond\n{END}")
+    text = out.read_text(encoding="utf-8")
+    assert "second" in text
+    assert "first" not in text
+    assert text.endswith("## Fixes\n\nkept\n")
