@@ -1,0 +1,36 @@
+// Sends one multipart mail with nodemailer, as a Node.js app would: text, HTML, attachment.
+// Usage: node send_mail.js '<json>' with host, port, from, to, subject, text, html and
+// attachment {filename, contentType, base64}. Prints what the server accepted, as JSON.
+"use strict";
+
+const nodemailer = require("nodemailer");
+
+async function main() {
+  const spec = JSON.parse(process.argv[2]);
+  const transport = nodemailer.createTransport({
+    host: spec.host,
+    port: spec.port,
+    secure: false,
+    ignoreTLS: true,
+  });
+  const info = await transport.sendMail({
+    from: spec.from,
+    to: spec.to,
+    subject: spec.subject,
+    text: spec.text,
+    html: spec.html,
+    attachments: [
+      {
+        filename: spec.attachment.filename,
+        contentType: spec.attachment.contentType,
+        content: Buffer.from(spec.attachment.base64, "base64"),
+      },
+    ],
+  });
+  process.stdout.write(JSON.stringify({ accepted: info.accepted, rejected: info.rejected }) + "\n");
+}
+
+main().catch((error) => {
+  process.stderr.write(`${error.stack || error}\n`);
+  process.exit(1);
+});
