@@ -4,8 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO := .demo
+# nodemailer for tests/test_foreign_clients.py, from tests/node/package-lock.json, into .node/;
+# `make test` installs it only where Node.js is present.
+NODE_DIR := .node
+NODE_STAMP := $(NODE_DIR)/.installed
+NODE_DEPS := $(if $(shell command -v node 2>/dev/null),$(NODE_STAMP))
 
-.PHONY: bootstrap demo test lint typecheck docs unit clean
+.PHONY: bootstrap demo test lint typecheck docs unit node-deps bench clean
 
 bootstrap: $(STAMP)
 
@@ -31,11 +36,25 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-unit: $(STAMP)
+node-deps: $(NODE_STAMP)
+
+$(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
+	mkdir -p $(NODE_DIR)
+	cp tests/node/package.json tests/node/package-lock.json $(NODE_DIR)/
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+unit: $(STAMP) $(NODE_DEPS)
 	$(BIN)/coverage erase
 	$(BIN)/python -m pytest -W error -n 2 --cov --cov-report=term-missing:skip-covered
 
 test: lint typecheck docs unit
 
+# Benchmarks beside what we compare against (installed here): prints a table and writes
+# docs/performance.md. The full run takes a while; `make bench ARGS=--quick` under a minute.
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet smtpdfix
+	$(BIN)/python benchmarks/run.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(DEMO) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) $(NODE_DIR) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
