@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
-from pytest_mailbox.errors import MailboxClosed
+from pytest_mailbox.errors import ContractError, MailboxClosed
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
 from pytest_mailbox.store import Delivery, MailboxRow, Store
 
@@ -530,3 +530,17 @@ def test_mailbox_second_wait_does_not_reclaim_a_consumed_message(store: Store) -
         TimeoutError, match=rf"{message_id}.*already consumed \(fence {first.fence}\)"
     ):
         mailbox.wait_for(subject_contains="Verify", timeout=0.05)
+
+
+def test_mailbox_claim_by_selector_waits_then_claims(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver_to(store, mailbox)
+
+    msg = mailbox.claim(subject_contains="Verify", lease=7, timeout=1)
+
+    assert msg.message_id == message_id
+    row = store.message(message_id)
+    assert row is not None
+    assert (row.state, row.fence, row.lease_until) == ("claimed", msg.fence, store.clock() + 7)
+    with pytest.raises(ContractError, match="takes no selector or timeout"):
+        mailbox.claim(message_id, subject="Verify your account")

@@ -502,8 +502,24 @@ class Mailbox:
             lease=self.contract.lease if lease is None else lease,
         )
 
-    def claim(self, message_id: str, *, lease: float | None = None) -> ClaimedMessage:
-        """Claim a known message of this mailbox under a lease; typed errors if refused."""
+    def claim(
+        self,
+        message_id: str | None = None,
+        *,
+        lease: float | None = None,
+        timeout: float | None = None,
+        **selector: Any,
+    ) -> ClaimedMessage:
+        """Claim under a lease: a known ``message_id``, or the one message a selector matches.
+
+        Without ``message_id`` this is ``wait_for`` (wait, then claim); with it, the message
+        is claimed at once, or the refusal raised as its typed error.
+        """
+        if message_id is None:
+            return self.wait_for(timeout=timeout, lease=lease, **selector)
+        if selector or timeout is not None:
+            msg = "claim(message_id=...) takes no selector or timeout; the id names the message"
+            raise ContractError(msg)
         row = self.store.message(message_id)
         if row is None or row.mailbox_id != self.mailbox_id:
             msg = f"{message_id} is not a message of {self.address}"
