@@ -5,8 +5,14 @@ from __future__ import annotations
 # Hypothesis' pytest plugin imports hypothesis lazily at the end of every session; pytester
 # runs in-process and drops modules first imported inside a run, so each inner run would pay
 # that import again (about 1.5 s). Importing it once here keeps it loaded.
+from collections.abc import Iterator
+from pathlib import Path
+
 import hypothesis.internal.observability  # noqa: F401
 import pytest
+from storekit import Clock
+
+from pytest_mailbox.store import Store
 
 
 @pytest.fixture
@@ -19,3 +25,22 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 
     monkeypatch.setattr(pytester, "runpytest", runpytest)
     return pytester
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """The time a ``store`` sees, moved by hand."""
+    return Clock()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "mailbox.sqlite3"
+
+
+@pytest.fixture
+def store(db: Path, clock: Clock) -> Iterator[Store]:
+    """A store of its own on a file in tmp_path, on the hand-moved clock."""
+    handle = Store(db, clock=clock)
+    yield handle
+    handle.close()

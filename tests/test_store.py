@@ -7,52 +7,16 @@ is reached by moving the clock, never by sleeping.
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from contextlib import closing
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
 
 import pytest
+from storekit import DOMAIN, Clock, claim, fence_counter, rows, snapshot
 
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
 from pytest_mailbox.errors import ContractError, MailboxClosed
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
 from pytest_mailbox.store import Delivery, MailboxRow, Store
-
-T0 = 1_700_000_000.0
-DOMAIN = "mailbox.test"
-
-
-class Clock:
-    """A clock the test moves by hand: ``Store(path, clock=clock)``."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "mailbox.sqlite3"
-
-
-@pytest.fixture
-def store(db: Path, clock: Clock) -> Iterator[Store]:
-    handle = Store(db, clock=clock)
-    yield handle
-    handle.close()
 
 
 def reserve(
@@ -83,37 +47,6 @@ def deliver(store: Store, mailbox: MailboxRow, subject: str = "Verify your accou
         run_header=None,
     )
     return message_id
-
-
-def claim(
-    store: Store, mailbox: MailboxRow, message_id: str, holder: str = "run-1", lease: float = 30
-) -> Any:
-    return store.claim(
-        mailbox_id=mailbox.mailbox_id,
-        mailbox_fence=mailbox.fence,
-        message_id=message_id,
-        holder=holder,
-        lease=lease,
-    )
-
-
-def rows(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Read the file directly, bypassing the store under test."""
-    with closing(sqlite3.connect(db)) as conn:
-        return [tuple(r) for r in conn.execute(sql, params).fetchall()]
-
-
-def snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every table that a refused operation must leave alone."""
-    return {
-        table: rows(db, f"SELECT * FROM {table} ORDER BY 1")
-        for table in ("counters", "mailboxes", "messages", "claims", "events")
-    }
-
-
-def fence_counter(db: Path) -> int:
-    [(value,)] = rows(db, "SELECT value FROM counters WHERE name = 'fence'")
-    return int(value)
 
 
 # -- reserve ------------------------------------------------------------------------------

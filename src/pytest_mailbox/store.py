@@ -389,20 +389,10 @@ class Store:
         """End a reservation; live claims it holds are released with it."""
         now = self.clock()
         with self._write() as tx:
-            self._expire_mailboxes(tx, now)
-            row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
-            if row is None:
-                return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
-            found = _mailbox(row)
-            if found.fence != fence:
-                return Outcome(Status.FENCE_MISMATCH, fence=fence, detail="stale mailbox handle")
-            if not found.active:
-                return Outcome(Status(found.state), detail=found.close_reason or "")
-            for claim in tx.all(
-                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?",
-                (mailbox_id, Status.CLAIMED.value),
-            ):
-                self._end_claim(tx, claim["message_id"], claim["fence"], "released", now)
+            refused = self._open_mailbox(tx, mailbox_id, fence, now)
+            if refused is not None:
+                return refused
+            self._end_claims(tx, mailbox_id, "released", now)
             tx.run(
                 "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? "
                 "WHERE mailbox_id = ?",
@@ -778,11 +768,7 @@ class Store:
         )
         for row in overdue:
             mailbox_id = row["mailbox_id"]
-            for claim in tx.all(
-                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?",
-                (mailbox_id, Status.CLAIMED.value),
-            ):
-                self._end_claim(tx, claim["message_id"], claim["fence"], "expired", now)
+            self._end_claims(tx, mailbox_id, "expired", now)
             tx.run(
                 "UPDATE mailboxes SET state = 'expired', close_reason = ?, closed_at = ? "
                 "WHERE mailbox_id = ?",
@@ -861,6 +847,14 @@ class Store:
             lease_until=msg.lease_until,
             extra={"mailbox_id": msg.mailbox_id},
         )
+
+    def _end_claims(self, tx: _Tx, mailbox_id: str, state: str, now: float) -> None:
+        """End every live claim on the mailbox's messages (release or expiry)."""
+        for claim in tx.all(
+            "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?",
+            (mailbox_id, Status.CLAIMED.value),
+        ):
+            self._end_claim(tx, claim["message_id"], claim["fence"], state, now)
 
     @staticmethod
     def _end_claim(tx: _Tx, message_id: str, fence: int | None, state: str, now: float) -> None:
