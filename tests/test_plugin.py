@@ -439,6 +439,16 @@ def test_receipts_cli_filters_and_timelines(
     assert "test_suite.py::test_reset" in out
     assert "consumed" in out
     assert "test_signup" not in out
+    assert (
+        receipts_main(["receipts", str(pytester.path / "r.jsonl"), "--state", "released_error"])
+        == 0
+    )
+    assert capsys.readouterr().out.endswith("0 receipt(s)\n")  # every run closed with success
+    assert (
+        receipts_main(["receipts", str(pytester.path / "r.jsonl"), "--state", "released_success"])
+        == 0
+    )
+    assert capsys.readouterr().out.endswith("5 receipt(s)\n")
     with pytest.raises(SystemExit):
         receipts_main(["receipts", str(pytester.path / "missing.xml")])
 

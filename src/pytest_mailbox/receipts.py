@@ -64,7 +64,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     show = commands.add_parser("receipts", help="Print the receipts in JUnit XML or JSONL files")
     show.add_argument("files", nargs="+", type=Path, metavar="FILE")
     show.add_argument("--test", default="", help="Only runs whose test id contains this text")
-    show.add_argument("--state", default="", help="Only runs in this state, e.g. released")
+    show.add_argument(
+        "--state",
+        default="",
+        help="Only runs with this state or close reason, e.g. expired or released_error",
+    )
     show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
     args = parser.parse_args(argv)
     receipts: list[Receipt] = []
@@ -73,7 +77,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(f"{file}: no such file")
         receipts.extend(read_receipts(file))
     chosen = [
-        r for r in receipts if args.test in r.nodeid and (not args.state or r.state == args.state)
+        r for r in receipts if args.test in r.nodeid and args.state in ("", r.state, r.close_reason)
     ]
     out.write(format_table(chosen) + "\n")
     if args.timeline:
