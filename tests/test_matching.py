@@ -463,3 +463,34 @@ def test_wait_for_claims_and_ack_consumes(
         f"  - {msg.message_id} 'Welcome': already consumed (fence {msg.fence})"
         in str(caught.value).splitlines()
     )
+
+
+@pytest.mark.email_contract(run_header="X-Test-Run")
+def test_run_header_named_by_the_contract_is_the_one_checked(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """Another run's X-Test-Run is refused; an unrelated X-Run-Id of the app's is ignored."""
+    to = isolated_mailbox.address
+    send(mailbox_server, mail(to, "Verify", headers={"X-Test-Run": "r-someoneelse"}))
+    send(mailbox_server, mail(to, "Verify", headers={"X-Run-Id": "req-123"}))
+
+    msg = isolated_mailbox.wait_for(subject="Verify", timeout=5)
+
+    assert msg.header("X-Run-Id") == "req-123"
+    with pytest.raises(WaitTimeout, match="X-Test-Run belongs to run r-someoneelse"):
+        isolated_mailbox.wait_for(subject="Verify", timeout=0.1)
+
+
+def test_near_misses_mask_an_extracted_secret_in_a_subject(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    to = isolated_mailbox.address
+    send(mailbox_server, mail(to, "Your word is quokkaplum"))
+    msg = isolated_mailbox.wait_for(timeout=5)
+    assert msg.code(pattern=r"is (\w+)") == "quokkaplum"
+
+    with pytest.raises(WaitTimeout) as info:
+        isolated_mailbox.wait_for(subject="Other", timeout=0.1)
+
+    assert "quokkaplum" not in str(info.value)
+    assert "'Your word is ••••••••um'" in str(info.value)

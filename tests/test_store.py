@@ -11,7 +11,7 @@ from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
-from storekit import DOMAIN, Clock, claim, fence_counter, rows, snapshot
+from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
 
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
 from pytest_mailbox.errors import ContractError, MailboxClosed
@@ -477,3 +477,40 @@ def test_mailbox_claim_by_selector_waits_then_claims(store: Store) -> None:
     assert (row.state, row.fence, row.lease_until) == ("claimed", msg.fence, store.clock() + 7)
     with pytest.raises(ContractError, match="takes no selector or timeout"):
         mailbox.claim(message_id, subject="Verify your account")
+
+
+def test_a_late_waiting_mark_never_moves_the_state_back(store: Store) -> None:
+    mailbox = reserve(store)
+    message_id = deliver(store, mailbox)
+    claimed = claim(store, mailbox, message_id)
+    assert store.ack(message_id, claimed.fence or 0).status is Status.CONSUMED
+
+    store.mark(mailbox.mailbox_id, mailbox.fence, Status.WAITING, "a second handle waits")
+
+    found = store.mailbox(mailbox.mailbox_id)
+    assert found is not None
+    assert found.state == "consumed"
+    assert [e["status"] for e in store.events(mailbox.mailbox_id)][-1] == "waiting"
+
+
+def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:
+    """Waiting for the write lock must not stretch a lease: 'now' is taken under the lock."""
+    inside: list[bool] = []
+
+    def clock() -> float:
+        inside.append(handle._conn().in_transaction)
+        return T0
+
+    handle = Store(db, clock=clock)
+    try:
+        mailbox = reserve(handle)
+        message_id = deliver(handle, mailbox)
+        claimed = claim(handle, mailbox, message_id)
+        handle.renew(message_id, claimed.fence or 0, 30)
+        handle.ack(message_id, claimed.fence or 0)
+        handle.release(mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_SUCCESS)
+        handle.reconcile()
+    finally:
+        handle.close()
+    assert inside
+    assert all(inside)

@@ -398,7 +398,8 @@ class Mailbox:
         return parsed
 
     def _subject(self, row: MessageRow) -> str:
-        return mask_secrets(row.subject)
+        """A subject fit for an error message: digit runs and extracted secrets masked."""
+        return mask_secrets(row.subject, {s["sha256"] for s in self.store.secrets(self.mailbox_id)})
 
     def _scan(
         self, selector: Selector, *, include_taken: bool = False
@@ -426,14 +427,21 @@ class Mailbox:
             return "received before received_after"
         if isinstance(after, float | int) and row.received_at < after:
             return "received before received_after"
-        if row.run_header and row.run_header != self.run_id:
-            return f"{self.contract.run_header} belongs to run {row.run_header}"
+        owner = self._run_header(row)
+        if owner and owner != self.run_id:
+            return f"{self.contract.run_header} belongs to run {owner}"
         if not include_taken:
             if row.state == Status.CONSUMED.value:
                 return f"already consumed (fence {row.fence})"
             if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
                 return f"already claimed by run {row.holder} (fence {row.fence})"
         return self._content_reason(row, selector)
+
+    def _run_header(self, row: MessageRow) -> str | None:
+        """The run id the message names: the sink indexes X-Run-Id; another name is parsed."""
+        if self.contract.run_header.lower() == "x-run-id":
+            return row.run_header
+        return self._parsed_message(row).run_header(self.contract.run_header)
 
     def _content_reason(self, row: MessageRow, selector: Selector) -> str | None:
         subject = row.subject

@@ -34,7 +34,9 @@ _MAX_LISTED = 10
 _MIN_MASKED_TAIL = 4  # shorter values are shown as bullets only
 _REPR_SUBJECT = 60
 
-_WORD = re.compile(r"[A-Za-z_-]{1,24}")
+# Lower-case route words only ("verify", "reset-password"): a token made of letters alone,
+# mixed case or long, must never pass for a word.
+_WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
 _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
 _LINEBREAKS = re.compile(r"[\r\n]+")
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
@@ -64,8 +66,8 @@ def redact_url(url: str) -> str:
     """A link safe for logs, errors and agent answers: host and word-like parts kept, rest '…'.
 
     ``https://app.example.test/verify/8f3a9c?token=abc&next=home`` becomes
-    ``https://app.example.test/verify/…?token=…&next=…``. Credentials are dropped, and so are
-    query keys and fragments that do not look like plain words.
+    ``https://app.example.test/verify/…?token=…&next=…``. Only lower-case route words survive
+    in the path and as query keys; credentials, bare query keys and fragments are dropped.
     """
     try:
         parts = urlsplit(url.strip())
@@ -87,12 +89,10 @@ def redact_url(url: str) -> str:
     if parts.query:
         pairs = []
         for pair in parts.query.split("&"):
-            key, sep, _ = pair.partition("=")
-            pairs.append(_word_or_redacted(key) + ("=" + _REDACTED if sep else ""))
+            key, sep, _ = pair.partition("=")  # a bare key may itself be the token
+            pairs.append(f"{_word_or_redacted(key)}={_REDACTED}" if sep else _REDACTED)
         out += "?" + "&".join(pairs)
-    if parts.fragment and _WORD.fullmatch(parts.fragment):
-        out += "#" + parts.fragment
-    return out
+    return out  # the fragment is dropped: single-page apps carry tokens there
 
 
 def _word_or_redacted(value: str) -> str:

@@ -263,6 +263,13 @@ def isolated_mailbox(
     item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each run of a test starts clean, reruns included (pytest-rerunfailures)."""
+    item.stash[_failed_key] = False
+    item.stash[_mailboxes_key] = []
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]

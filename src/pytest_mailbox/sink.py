@@ -12,8 +12,8 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any, AnyStr
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, AnyStr, TypeVar
 
 from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
@@ -51,6 +51,7 @@ _UNKNOWN_COMMAND_LOG = "%r unrecognised: %s"
 
 _BARE_LF = re.compile(rb"(?<!\r)\n")
 _BARE_CR = re.compile(rb"\r(?!\n)")
+_T = TypeVar("_T")
 _TRANSPORT_DEFECTS = {"bare_lf": "bare LF", "bare_cr": "bare CR", "nul": "NUL byte"}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
@@ -191,7 +192,7 @@ class _Handler:
         domain = parts[2]
         if domain not in self.sink.domains:
             return f"550 5.7.1 Relaying denied: {_shown(domain)} is not a test domain of this sink"
-        fault = self.sink.store.take_fault(parts[0], domain, "RCPT")
+        fault = await self.sink.in_writer(self.sink.store.take_fault, parts[0], domain, "RCPT")
         if fault is not None:
             return fault
         envelope.rcpt_tos.append(address)
@@ -216,19 +217,16 @@ class _Handler:
                 deliveries.append(
                     Delivery(rcpt=rcpt, alias=parts[0], tag=parts[1], domain=parts[2])
                 )
-        for delivery in deliveries:
-            fault = self.sink.store.take_fault(delivery.alias, delivery.domain, "DATA")
-            if fault is not None:  # a scripted failure: the whole message is refused
-                return fault
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(
-                self.sink._writer, self.sink.accept, envelope.mail_from, deliveries, raw, flags
+            fault = await self.sink.in_writer(
+                self.sink.receive, envelope.mail_from, deliveries, raw, flags
             )
         except Exception as exc:
             # The type only: an exception's text may quote the message or the store's internals.
             log.error("pytest-mailbox sink could not store a message: %s", type(exc).__name__)
             return "451 4.3.0 Internal error in the test mail sink; the message was not stored"
+        if fault is not None:  # a scripted failure: the whole message is refused, not stored
+            return fault
         return "250 2.0.0 Message accepted"
 
     async def handle_exception(self, error: Exception) -> str:
@@ -400,6 +398,25 @@ class MailSink(SmtpEndpoint):
         self._thread: threading.Thread | None = None
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mailbox-store")
         self._log_filter = _NoContent()
+
+    async def in_writer(self, call: Callable[..., _T], *args: Any) -> _T:
+        """Run a store call on the writer thread: the event loop never waits on SQLite's lock."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call, *args)
+
+    def receive(
+        self,
+        mail_from: str | None,
+        deliveries: list[Delivery],
+        raw: bytes,
+        transport: Sequence[str] = (),
+    ) -> str | None:
+        """On the writer thread: a scripted fault's reply for one of the recipients, or store."""
+        for delivery in deliveries:
+            fault = self.store.take_fault(delivery.alias, delivery.domain, "DATA")
+            if fault is not None:
+                return fault
+        self.accept(mail_from, deliveries, raw, transport)
+        return None
 
     def accept(
         self,

@@ -269,6 +269,8 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:
+        """One ``BEGIN IMMEDIATE`` transaction. Callers read the clock inside it: waiting for
+        the write lock (up to ``busy_timeout``) must not stretch a lease or revive one."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -317,8 +319,8 @@ class Store:
         self, *, run_id: str, purpose: str, ttl: float, domain: str, owner: str = ""
     ) -> tuple[MailboxRow, bool]:
         """The active mailbox for ``run_id + purpose``, reserving one if none; (row, created)."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             self._expire_mailboxes(tx, now)
             row = tx.one(
                 "SELECT * FROM mailboxes WHERE run_id = ? AND purpose = ? AND state IN "
@@ -372,23 +374,27 @@ class Store:
         None if recorded; the refusal if the mailbox is not open under ``fence`` (a closed
         reservation is never reopened).
         """
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             refused = self._open_mailbox(tx, mailbox_id, fence, now)
             if refused is not None:
                 return refused
             if status in (Status.WAITING, Status.CLAIMED, Status.CONSUMED):
+                # States only move forward: a late "waiting" never hides a claim or an ack.
+                order = ("reserved", "waiting", "claimed", "consumed")
+                earlier = order[: order.index(status.value)]
                 tx.run(
-                    "UPDATE mailboxes SET state = ? WHERE mailbox_id = ?",
-                    (status.value, mailbox_id),
+                    f"UPDATE mailboxes SET state = ? WHERE mailbox_id = ? "
+                    f"AND state IN ({_marks(earlier)})",
+                    (status.value, mailbox_id, *earlier),
                 )
             tx.event(mailbox_id, now, status, detail)
         return None
 
     def release(self, mailbox_id: str, fence: int, reason: CloseReason) -> Outcome:
         """End a reservation; live claims it holds are released with it."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             refused = self._open_mailbox(tx, mailbox_id, fence, now)
             if refused is not None:
                 return refused
@@ -426,9 +432,9 @@ class Store:
         sink: str = "",
     ) -> list[str]:
         """Commit one accepted message: one body, one row per recipient; returns message ids."""
-        now = self.clock()
         ids: list[str] = []
         with self._write() as tx:
+            now = self.clock()
             body_id = tx.run("INSERT INTO bodies (raw) VALUES (?)", (raw,)).lastrowid
             for delivery in deliveries:
                 row = tx.one(
@@ -509,8 +515,8 @@ class Store:
         self, mailbox_id: str, fence: int, *, stage: str, reply: str, times: int
     ) -> Outcome | None:
         """Arm a scripted SMTP reply for this mailbox's alias; None if armed, else why not."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             refused = self._open_mailbox(tx, mailbox_id, fence, now)
             if refused is not None:
                 return refused
@@ -537,8 +543,8 @@ class Store:
         )
         if row is None:  # the common case: one indexed read, no write
             return None
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             taken = tx.run(
                 "UPDATE faults SET remaining = remaining - 1 WHERE fault_id = ? AND remaining > 0",
                 (row[0],),
@@ -589,8 +595,8 @@ class Store:
         self, *, mailbox_id: str, mailbox_fence: int, message_id: str, holder: str, lease: float
     ) -> Outcome:
         """``waiting → claimed`` for one message, atomically, under a new fence token."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             refused = self._open_mailbox(tx, mailbox_id, mailbox_fence, now)
             if refused is not None:
                 return refused
@@ -639,8 +645,8 @@ class Store:
 
     def ack(self, message_id: str, fence: int) -> Outcome:
         """``claimed → consumed`` only for the current fence under a live lease."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             checked = self._current_claim(tx, message_id, fence, now)
             if checked.status is not Status.CLAIMED:
                 return checked
@@ -662,8 +668,8 @@ class Store:
 
     def renew(self, message_id: str, fence: int, lease: float) -> Outcome:
         """Extend a live lease under the same fence."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             checked = self._current_claim(tx, message_id, fence, now)
             if checked.status is not Status.CLAIMED:
                 return checked
@@ -689,8 +695,8 @@ class Store:
 
     def release_claim(self, message_id: str, fence: int) -> Outcome:
         """Give a claimed message back (``claimed → waiting``) without consuming it."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             checked = self._current_claim(tx, message_id, fence, now)
             if checked.status is not Status.CLAIMED:
                 return checked
@@ -702,8 +708,8 @@ class Store:
 
     def reconcile(self) -> dict[str, int]:
         """Expire overdue mailboxes and leases; idempotent, safe from several processes."""
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             mailboxes = self._expire_mailboxes(tx, now)
             leases = 0
             for row in tx.all(
@@ -727,8 +733,8 @@ class Store:
         Only the process that outlives every test (the xdist controller, or the single
         process) calls this, when no test can still hold a mailbox.
         """
-        now = self.clock()
         with self._write() as tx:
+            now = self.clock()
             orphans = tx.all(
                 f"SELECT mailbox_id FROM mailboxes WHERE state IN ({_marks(ACTIVE)})", ACTIVE
             )
