@@ -12,6 +12,7 @@ import hypothesis.internal.observability  # noqa: F401
 import pytest
 from storekit import Clock
 
+from pytest_mailbox import EmailContract, Mailbox, MailSink
 from pytest_mailbox.store import Store
 
 
@@ -44,3 +45,23 @@ def store(db: Path, clock: Clock) -> Iterator[Store]:
     handle = Store(db, clock=clock)
     yield handle
     handle.close()
+
+
+@pytest.fixture
+def second_mailbox(
+    isolated_mailbox: Mailbox,
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    email_contract: EmailContract,
+    request: pytest.FixtureRequest,
+) -> Iterator[Mailbox]:
+    """Another run's mailbox on the same domain, built the way the isolated_mailbox fixture is."""
+    other = Mailbox.reserve(
+        mailbox_store,
+        contract=email_contract,
+        domain=isolated_mailbox.domain,
+        nodeid=request.node.nodeid,
+        signal=mailbox_server.signal,
+    )
+    yield other
+    other.close(success=True)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import smtplib
-from collections.abc import Iterator
 from email.message import EmailMessage
 
 import aiosmtplib
 import pytest
 
-from pytest_mailbox import ClaimedMessage, EmailContract, Mailbox, MailSink, Store
+from pytest_mailbox import ClaimedMessage, Mailbox, MailSink, Store
 
 SUBJECT = "Vérifiez votre adresse \N{WHITE HEAVY CHECK MARK}"
 SENDER = "noreply@app.example.test"
@@ -41,26 +40,6 @@ def assert_verification_mail(msg: ClaimedMessage) -> None:
     assert msg.code() == CODE
     assert msg.sender == SENDER
     assert msg.envelope_from == SENDER
-
-
-@pytest.fixture
-def second_mailbox(
-    isolated_mailbox: Mailbox,
-    mailbox_server: MailSink,
-    mailbox_store: Store,
-    email_contract: EmailContract,
-    request: pytest.FixtureRequest,
-) -> Iterator[Mailbox]:
-    """Another run's mailbox on the same domain, built the way the isolated_mailbox fixture is."""
-    other = Mailbox.reserve(
-        mailbox_store,
-        contract=email_contract,
-        domain=isolated_mailbox.domain,
-        nodeid=request.node.nodeid,
-        signal=mailbox_server.signal,
-    )
-    yield other
-    other.close(success=True)
 
 
 def test_smtplib_send_message_is_delivered(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import smtplib
 import socket
-from collections.abc import Iterator
 from email.message import EmailMessage
 
 import pytest
 
-from pytest_mailbox import ContractError, EmailContract, Mailbox, MailSink, Store
+from pytest_mailbox import ContractError, Mailbox, MailSink, Store
 
 
 class RetryingApp:
@@ -43,33 +42,20 @@ class RetryingApp:
             return
 
 
-@pytest.fixture
-def other_mailbox(mailbox_store: Store, mailbox_server: MailSink) -> Iterator[Mailbox]:
-    """A second run's mailbox on the same sink, to prove the fault stays with its alias."""
-    mailbox = Mailbox.reserve(
-        mailbox_store,
-        contract=EmailContract(purpose="other"),
-        domain="mailbox.test",
-        signal=mailbox_server.signal,
-    )
-    yield mailbox
-    mailbox.close(success=True)
-
-
 @pytest.mark.parametrize("stage", ["RCPT", "DATA"])
 def test_app_that_retries_survives_one_fault(
     mailbox_server: MailSink,
     mailbox_store: Store,
     isolated_mailbox: Mailbox,
-    other_mailbox: Mailbox,
+    second_mailbox: Mailbox,
     stage: str,
 ) -> None:
     isolated_mailbox.inject_fault(stage=stage, reply="451 4.3.0 Try again", times=1)
     app = RetryingApp(mailbox_server)
 
-    app.send(other_mailbox.address)  # another run, same sink, same moment: untouched
+    app.send(second_mailbox.address)  # another run, same sink, same moment: untouched
     assert app.tries == 1
-    other_mailbox.wait_for(timeout=10).ack()
+    second_mailbox.wait_for(timeout=10).ack()
 
     app.send(isolated_mailbox.address)
     assert app.tries == 2  # refused once, delivered on the retry

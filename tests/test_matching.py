@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import smtplib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
 from typing import Any
@@ -13,7 +12,6 @@ import pytest
 from pytest_mailbox import (
     AmbiguousMatch,
     ContractError,
-    EmailContract,
     Mailbox,
     MailSink,
     Store,
@@ -55,26 +53,6 @@ def send(server: MailSink, message: EmailMessage, to: list[str] | None = None) -
 
 def ids(store: Store, mailbox: Mailbox) -> list[str]:
     return [row.message_id for row in store.messages(mailbox.mailbox_id)]
-
-
-@pytest.fixture
-def second_mailbox(
-    isolated_mailbox: Mailbox,
-    mailbox_server: MailSink,
-    mailbox_store: Store,
-    email_contract: EmailContract,
-    request: pytest.FixtureRequest,
-) -> Iterator[Mailbox]:
-    """Another run's mailbox on the same domain, built the way the isolated_mailbox fixture is."""
-    other = Mailbox.reserve(
-        mailbox_store,
-        contract=email_contract,
-        domain=isolated_mailbox.domain,
-        nodeid=request.node.nodeid,
-        signal=mailbox_server.signal,
-    )
-    yield other
-    other.close(success=True)
 
 
 # -- received_after --------------------------------------------------------------------------
