@@ -52,17 +52,22 @@ class SmtpReplyError(RuntimeError):
     """The server answered with something other than the expected code."""
 
 
-async def _reply(reader: asyncio.StreamReader, expected: bytes) -> None:
-    while True:
-        line = await reader.readline()
-        if not line:
-            msg = "connection closed by the server"
-            raise SmtpReplyError(msg)
-        if line[3:4] != b"-":
-            break
+def _reply_done(line: bytes, expected: bytes) -> bool:
+    """True once ``line`` is the last line of a reply, which must start with ``expected``."""
+    if not line:
+        msg = "connection closed by the server"
+        raise SmtpReplyError(msg)
+    if line[3:4] == b"-":
+        return False
     if not line.startswith(expected):
         msg = f"expected {expected.decode()}, got {line.decode(errors='replace').strip()}"
         raise SmtpReplyError(msg)
+    return True
+
+
+async def _reply(reader: asyncio.StreamReader, expected: bytes) -> None:
+    while not _reply_done(await reader.readline(), expected):
+        pass
 
 
 class AsyncClient:
@@ -141,16 +146,8 @@ class BlockingClient:
         self._command(b"EHLO client.test\r\n", b"250")
 
     def _reply(self, expected: bytes) -> None:
-        while True:
-            line = self.file.readline()
-            if not line:
-                msg = "connection closed by the server"
-                raise SmtpReplyError(msg)
-            if line[3:4] != b"-":
-                break
-        if not line.startswith(expected):
-            msg = f"expected {expected.decode()}, got {line.decode(errors='replace').strip()}"
-            raise SmtpReplyError(msg)
+        while not _reply_done(self.file.readline(), expected):
+            pass
 
     def _command(self, line: bytes, expected: bytes) -> None:
         self.sock.sendall(line)

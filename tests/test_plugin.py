@@ -275,6 +275,45 @@ def test_marker_overlays_ini_defaults(pytester: pytest.Pytester) -> None:
             {},
             "pytest-mailbox: ini: purpose='Sign Up' is invalid: String should match pattern*",
         ),
+        (
+            ["--mailbox-max-recipients=0"],
+            "",
+            {},
+            "pytest-mailbox: --mailbox-max-recipients='0' is invalid; allowed: an integer 1..10000",
+        ),
+        (
+            [],
+            "mailbox_idle_timeout = soon",
+            {},
+            "pytest-mailbox: ini mailbox_idle_timeout='soon' is invalid; "
+            "allowed: seconds 0.1..3600",
+        ),
+        (
+            [],
+            "",
+            {"PYTEST_MAILBOX_DATA_POLICY": "strict"},
+            "pytest-mailbox: PYTEST_MAILBOX_DATA_POLICY='strict' is invalid; "
+            "allowed: 'flag' or 'refuse'",
+        ),
+        (
+            [],
+            "mailbox_ttll = 5",
+            {},
+            "pytest-mailbox: unknown ini key 'mailbox_ttll'; pytest-mailbox knows: "
+            "mailbox_allowed_domains, mailbox_data_policy, *",
+        ),
+        (
+            [],
+            "",
+            {"PYTEST_MAILBOX_TIMOUT": "5"},
+            "pytest-mailbox: unknown environment variable 'PYTEST_MAILBOX_TIMOUT'; *",
+        ),
+        (
+            ["--mailbox-timeout=inf"],
+            "",
+            {},
+            "pytest-mailbox: --mailbox-timeout='inf' is invalid; allowed: seconds > 0",
+        ),
     ],
 )
 def test_bad_option_is_a_usage_error(

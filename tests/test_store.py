@@ -35,7 +35,9 @@ def raw_message(to: str, subject: str = "Verify your account") -> bytes:
     return msg.as_bytes()
 
 
-def deliver(store: Store, mailbox: MailboxRow, subject: str = "Verify your account") -> str:
+def deliver(
+    store: Store, mailbox: MailboxRow | Mailbox, subject: str = "Verify your account"
+) -> str:
     """Put one message in ``mailbox`` the way the sink does; its message id."""
     [message_id] = store.deliver(
         mail_from="noreply@app.example.test",
@@ -328,19 +330,6 @@ def reserve_mailbox(store: Store, run_id: str = "r-mailbox") -> Mailbox:
     )
 
 
-def deliver_to(store: Store, mailbox: Mailbox, subject: str = "Verify your account") -> str:
-    [message_id] = store.deliver(
-        mail_from="noreply@app.example.test",
-        deliveries=[
-            Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
-        ],
-        raw=raw_message(mailbox.address, subject),
-        subject=subject,
-        run_header=None,
-    )
-    return message_id
-
-
 def test_mailbox_reserve_is_idempotent_for_the_same_run(store: Store) -> None:
     first = reserve_mailbox(store)
     again = reserve_mailbox(store)
@@ -358,7 +347,7 @@ def test_mailbox_wait_for_claims_and_close_success_acks(
     store: Store, clock: Clock, db: Path
 ) -> None:
     mailbox = reserve_mailbox(store)
-    message_id = deliver_to(store, mailbox)
+    message_id = deliver(store, mailbox)
     clock.advance(1)
     claimed_at = clock.now
 
@@ -387,7 +376,7 @@ def test_mailbox_wait_for_claims_and_close_success_acks(
 
 def test_mailbox_close_failure_gives_the_claim_back(store: Store, clock: Clock, db: Path) -> None:
     mailbox = reserve_mailbox(store)
-    message_id = deliver_to(store, mailbox)
+    message_id = deliver(store, mailbox)
     msg = mailbox.wait_for(subject="Verify your account")
     clock.advance(1)
 
@@ -405,7 +394,7 @@ def test_mailbox_close_failure_gives_the_claim_back(store: Store, clock: Clock, 
 
 def test_mailbox_operations_after_close_raise_mailbox_closed(store: Store) -> None:
     mailbox = reserve_mailbox(store)
-    message_id = deliver_to(store, mailbox)
+    message_id = deliver(store, mailbox)
     msg = mailbox.wait_for(subject="Verify your account")
     mailbox.close(success=False)
 
@@ -427,7 +416,7 @@ def test_mailbox_close_success_does_not_ack_an_expired_lease(
     store: Store, clock: Clock, db: Path
 ) -> None:
     mailbox = reserve_mailbox(store)
-    message_id = deliver_to(store, mailbox)
+    message_id = deliver(store, mailbox)
     msg = mailbox.wait_for(subject_contains="Verify", lease=5)
     clock.advance(5)
 
@@ -442,7 +431,7 @@ def test_mailbox_close_success_does_not_ack_an_expired_lease(
 
 def test_mailbox_close_after_expiry_keeps_expired_timeout(store: Store, clock: Clock) -> None:
     mailbox = reserve_mailbox(store)
-    deliver_to(store, mailbox)
+    deliver(store, mailbox)
     mailbox.wait_for(subject_contains="Verify")
     clock.advance(CONTRACT.ttl)
 
@@ -455,7 +444,7 @@ def test_mailbox_close_after_expiry_keeps_expired_timeout(store: Store, clock: C
 
 def test_mailbox_second_wait_does_not_reclaim_a_consumed_message(store: Store) -> None:
     mailbox = reserve_mailbox(store)
-    message_id = deliver_to(store, mailbox)
+    message_id = deliver(store, mailbox)
     first = mailbox.wait_for(subject_contains="Verify")
     first.ack()
 
@@ -467,7 +456,7 @@ def test_mailbox_second_wait_does_not_reclaim_a_consumed_message(store: Store) -
 
 def test_mailbox_claim_by_selector_waits_then_claims(store: Store) -> None:
     mailbox = reserve_mailbox(store)
-    message_id = deliver_to(store, mailbox)
+    message_id = deliver(store, mailbox)
 
     msg = mailbox.claim(subject_contains="Verify", lease=7, timeout=1)
 
