@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pytest_mailbox import message as message_module
 from pytest_mailbox.errors import ExtractionError
-from pytest_mailbox.message import Message, digest, redact_url
+from pytest_mailbox.message import Index, Message, digest, index, redact_url
 
 TOKEN = "8f3a9c77d1e24b6a"
 OTHER_TOKEN = "b71c0e5529aa4f13"
@@ -500,6 +500,30 @@ def test_8bit_header_bytes_are_flagged_and_decoded() -> None:
     assert message.header("From") == "Jérôme <jerome@app.example.test>"
 
 
+def test_index_reads_the_header_section_only() -> None:
+    raw = (
+        b"Subject: =?utf-8?q?Caf=C3=A9?= \xff\r\n X-Run-Id:  r-42 \r\n"
+        b"X-Run-Id: r-42 \r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: multipart/mixed; boundary=XYZ\r\n\r\n--XYZ\r\nbroken"
+    )
+
+    found = index(raw)
+
+    assert found == Index(subject=Message(raw).subject, run_header="r-42", defects=["8bit_header"])
+    assert "CloseBoundaryNotFoundDefect" in Message(raw).defects  # found when read
+    assert index(b"no headers at all") == Index(subject="", run_header=None, defects=[])
+
+
+def test_index_of_what_the_parser_cannot_read_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    class FailingParser(BytesParser):
+        def parsebytes(self, text: bytes | bytearray, headersonly: bool = False) -> Any:
+            raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(message_module, "BytesParser", FailingParser)
+
+    assert index(build(text="hi")) == Index(subject="", run_header=None, defects=["parse_error"])
+
+
 def test_bad_base64_is_flagged_and_decoded_as_far_as_possible() -> None:
     raw = b"Content-Transfer-Encoding: base64\r\n\r\naGVsbG8"
     message = Message(raw)
@@ -627,6 +651,33 @@ def test_fuzz_any_bytes_never_raise(raw: bytes) -> None:
     touch_everything(message)
     assert message.raw == raw
     assert message.defects == sorted(set(message.defects))
+
+
+HEADER_PIECES = st.sampled_from(
+    ["Subject", "subject", "SUBJECT", "X-Run-Id", "x-run-id", "To", ":", ": ", " ", "\t", "  ",
+     "\r\n", "\r\n ", "\r\n\t", "\n", "\r", "r-1", "Verify", "=?utf-8?q?=C3=A9?=", "(x)",
+     '"q"', "é", "From ", "\x00", "a:b"]
+)  # fmt: skip
+header_lines = st.one_of(
+    st.lists(HEADER_PIECES, max_size=6).map("".join),  # anything
+    st.tuples(
+        st.sampled_from(["Subject", "X-Run-Id", "To"]), st.lists(HEADER_PIECES, max_size=6)
+    ).map(lambda field: f"{field[0]}:{''.join(field[1])}"),  # mostly well-formed fields
+)
+header_sections = st.lists(header_lines.map(str.encode), max_size=6).map(
+    lambda fields: b"\r\n".join(fields) + b"\r\n\r\nbody\r\n"
+)
+
+
+@FUZZ
+@given(raw=st.one_of(mail_bytes, header_sections))
+def test_fuzz_the_sinks_index_agrees_with_the_message(raw: bytes) -> None:
+    found = index(raw)
+    message = Message(raw)
+
+    assert found.subject == message.subject
+    assert found.run_header == message.run_header()
+    assert set(found.defects) <= {"8bit_header", *message.defects}
 
 
 TEXT_FRAGMENTS = [

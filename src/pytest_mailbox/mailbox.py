@@ -288,11 +288,11 @@ class Mailbox:
     ) -> Generator[_Pause, None, ClaimedMessage]:
         limit = self.contract.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        self._mark_waiting(chosen)
         while True:
             pause = self._pause_point(deadline)
             matches, misses = self._scan(chosen)
             if len(matches) > 1:
+                self._mark_waiting(chosen)
                 listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
                 msg = (
                     f"{len(matches)} messages for {self.address} match {chosen.describe()}: "
@@ -300,11 +300,14 @@ class Mailbox:
                 )
                 raise AmbiguousMatch(msg, result={"message_ids": [m.message_id for m in matches]})
             if matches:
-                outcome = self._claim(matches[0], lease)
+                waiting = None if self._waited else chosen.describe()
+                self._waited = True  # the claim records it, whatever its outcome
+                outcome = self._claim(matches[0], lease, waiting=waiting)
                 if outcome.status is Status.CLAIMED:
                     return ClaimedMessage(
                         self.store.raw(matches[0].body_id), matches[0], self, outcome
                     )
+            self._mark_waiting(chosen)  # once, before the first pause
             if pause.remaining() <= 0:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
             yield pause
@@ -374,7 +377,6 @@ class Mailbox:
             ) from None
 
     def _mark_waiting(self, selector: Selector) -> None:
-        self._ensure_open()
         if not self._waited:
             self._waited = True
             self.store.mark(self.mailbox_id, self.fence, Status.WAITING, selector.describe())
@@ -501,13 +503,16 @@ class Mailbox:
 
     # -- claims ------------------------------------------------------------------------
 
-    def _claim(self, row: MessageRow, lease: float | None) -> Outcome:
+    def _claim(
+        self, row: MessageRow, lease: float | None, *, waiting: str | None = None
+    ) -> Outcome:
         return self.store.claim(
             mailbox_id=self.mailbox_id,
             mailbox_fence=self.fence,
             message_id=row.message_id,
             holder=self.run_id,
             lease=self.contract.lease if lease is None else lease,
+            waiting=waiting,
         )
 
     def claim(

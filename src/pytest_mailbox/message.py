@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from pytest_mailbox.errors import ExtractionError
 
-__all__ = ["Message", "digest", "redact_url"]
+__all__ = ["Index", "Message", "digest", "index", "redact_url"]
 
 #: Four to eight digits not touching other digits: what ``code()`` looks for by default.
 DEFAULT_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
@@ -331,6 +331,68 @@ def _parse(raw: bytes) -> _Parsed:
     for part in _walk(tree):  # after decoding: bad base64 is only noticed while decoding
         flags.update(type(defect).__name__ for defect in getattr(part, "defects", ()))
     return _Parsed(entries=entries, text=text, html=html, defects=sorted(flags))
+
+
+@dataclass(frozen=True)
+class Index:
+    """What the sink stores beside a message's bytes, read from its header section only."""
+
+    subject: str
+    run_header: str | None
+    defects: list[str]
+
+
+#: A header section the fast path may read: printable ASCII and tabs, CRLF line ends, every
+#: line a ``name:value`` field or the continuation of one, then the blank line.
+_PLAIN_SECTION = re.compile(rb"[!-9;-~]+:[\t -~]*\r\n(?:(?:[!-9;-~]+:|[\t ])[\t -~]*\r\n)*\r\n")
+_INDEXED = ("subject", "x-run-id")
+
+
+def index(raw: bytes) -> Index:
+    """The subject, the ``X-Run-Id`` and the header section's defects, without the body.
+
+    A message's index and the ``Message`` a test reads must agree on every header: a plain
+    header section (printable ASCII, no encoded words) is read directly, by the rules the
+    parser applies to it; anything else goes through the same parser and policy as
+    ``Message``, stopped at the end of the header section. Defects in the body (broken MIME
+    boundaries, bad base64, unknown charsets) are found when the message is read
+    (``Message.defects``), not while the client waits for its ``250``.
+    """
+    plain = _PLAIN_SECTION.match(raw)
+    if plain is not None and b"=?" not in plain.group():
+        found: dict[str, str] = {}
+        key = value = ""
+        for line in plain.group().decode("ascii").split("\r\n"):
+            if line[:1] in (" ", "\t"):  # a continuation: unfolded to one space, as _header does
+                if key in _INDEXED and key not in found:
+                    value += " " + line.lstrip(" \t")
+                continue
+            if key in _INDEXED and key not in found:  # the field before this line is complete
+                found[key] = value.strip()
+            name, _, value = line.partition(":")
+            key = name.lower()
+        return Index(found.get("subject", ""), found.get("x-run-id"), [])
+    return _index_parsed(raw)
+
+
+def _index_parsed(raw: bytes) -> Index:
+    """``index`` by the parser, for header sections that are not plain."""
+    flags: set[str] = set()
+    try:
+        tree = BytesParser(policy=_POLICY).parsebytes(raw, headersonly=True)
+        raw_headers = list(tree.raw_items())
+    except Exception:  # bugs in the email package: index nothing, deliver anyway
+        return Index(subject="", run_header=None, defects=["parse_error"])
+    found: dict[str, str] = {}
+    for name, value in raw_headers:
+        if isinstance(value, str) and _SURROGATE.search(value):
+            flags.add("8bit_header")
+        key = name.lower()
+        if key in _INDEXED and key not in found:
+            text, parsed = _header(name, value)
+            found[key] = text.strip()
+            flags.update(type(defect).__name__ for defect in getattr(parsed, "defects", ()))
+    return Index(found.get("subject", ""), found.get("x-run-id"), sorted(flags))
 
 
 def _addresses(value: str, parsed: Any) -> list[str]:

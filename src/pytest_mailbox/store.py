@@ -21,7 +21,7 @@ from filelock import FileLock
 
 from pytest_mailbox.contract import Checkpoint, CloseReason, Status
 
-__all__ = ["Delivery", "MailboxRow", "MessageRow", "Outcome", "Store"]
+__all__ = ["Delivery", "Incoming", "MailboxRow", "MessageRow", "Outcome", "Store", "StoreBusy"]
 
 Clock = Callable[[], float]
 
@@ -198,6 +198,18 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class Incoming:
+    """One message the sink accepted, with the index it stores beside the bytes."""
+
+    mail_from: str
+    deliveries: Sequence[Delivery]
+    raw: bytes
+    subject: str
+    run_header: str | None
+    defects: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class Outcome:
     """The structured result of a claim, ack, renew or release."""
 
@@ -216,6 +228,10 @@ class Outcome:
             if value not in (None, ""):
                 result[key] = value
         return {**result, **self.extra}
+
+
+class StoreBusy(Exception):
+    """Another connection holds the write lock, and the caller asked not to wait for it."""
 
 
 class Store:
@@ -268,18 +284,34 @@ class Store:
         return conn
 
     @contextmanager
-    def _write(self) -> Iterator[_Tx]:
+    def _write(self, *, wait: bool = True) -> Iterator[_Tx]:
         """One ``BEGIN IMMEDIATE`` transaction. Callers read the clock inside it: waiting for
-        the write lock (up to ``busy_timeout``) must not stretch a lease or revive one."""
+        the write lock (up to ``busy_timeout``) must not stretch a lease or revive one.
+
+        ``wait=False`` raises ``StoreBusy`` at once if another connection holds the lock,
+        and never waits on anything (a checkpoint past ``wal_limit`` is left to the next
+        writer): for an event loop that must not block.
+        """
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        if not wait:
+            conn.execute("PRAGMA busy_timeout=0")
         try:
-            yield _Tx(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        self._bound_wal(conn)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if wait:
+                    raise
+                raise StoreBusy(str(exc)) from None
+            try:
+                yield _Tx(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            self._bound_wal(conn)
+        finally:
+            if not wait:
+                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
 
     def _bound_wal(self, conn: sqlite3.Connection) -> None:
         """Checkpoint and truncate the log once it passes ``wal_limit`` (waits for readers)."""
@@ -379,16 +411,7 @@ class Store:
             refused = self._open_mailbox(tx, mailbox_id, fence, now)
             if refused is not None:
                 return refused
-            if status in (Status.WAITING, Status.CLAIMED, Status.CONSUMED):
-                # States only move forward: a late "waiting" never hides a claim or an ack.
-                order = ("reserved", "waiting", "claimed", "consumed")
-                earlier = order[: order.index(status.value)]
-                tx.run(
-                    f"UPDATE mailboxes SET state = ? WHERE mailbox_id = ? "
-                    f"AND state IN ({_marks(earlier)})",
-                    (status.value, mailbox_id, *earlier),
-                )
-            tx.event(mailbox_id, now, status, detail)
+            self._mark(tx, mailbox_id, status, detail, now)
         return None
 
     def release(self, mailbox_id: str, fence: int, reason: CloseReason) -> Outcome:
@@ -432,41 +455,58 @@ class Store:
         sink: str = "",
     ) -> list[str]:
         """Commit one accepted message: one body, one row per recipient; returns message ids."""
-        ids: list[str] = []
-        with self._write() as tx:
+        incoming = Incoming(mail_from, deliveries, raw, subject, run_header, defects)
+        return self.deliver_all([incoming], sink=sink)[0]
+
+    def deliver_all(
+        self, messages: Sequence[Incoming], *, sink: str = "", wait: bool = True
+    ) -> list[list[str]]:
+        """Commit several accepted messages in one transaction (all or none); their ids.
+
+        With ``wait=False`` it raises ``StoreBusy`` instead of waiting for the write lock.
+        """
+        ids: list[list[str]] = []
+        with self._write(wait=wait) as tx:
             now = self.clock()
-            body_id = tx.run("INSERT INTO bodies (raw) VALUES (?)", (raw,)).lastrowid
-            for delivery in deliveries:
-                row = tx.one(
-                    "SELECT mailbox_id FROM mailboxes WHERE alias = ? AND domain = ?",
-                    (delivery.alias, delivery.domain),
-                )
-                mailbox_id = None if row is None else str(row[0])
-                message_id = f"m-{secrets.token_hex(6)}"
-                tx.run(
-                    "INSERT INTO messages (message_id, mailbox_id, body_id, rcpt, alias, tag,"
-                    " domain, mail_from, received_at, size, subject, run_header, defects, sink)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        message_id,
-                        mailbox_id,
-                        body_id,
-                        delivery.rcpt,
-                        delivery.alias,
-                        delivery.tag,
-                        delivery.domain,
-                        mail_from,
-                        now,
-                        len(raw),
-                        subject,
-                        run_header,
-                        ",".join(defects),
-                        sink,
-                    ),
-                )
-                if mailbox_id is not None:
-                    tx.event(mailbox_id, now, "received", message_id)
-                ids.append(message_id)
+            for message in messages:
+                ids.append(self._deliver(tx, message, now, sink))
+        return ids
+
+    def _deliver(self, tx: _Tx, message: Incoming, now: float, sink: str) -> list[str]:
+        ids: list[str] = []
+        raw = message.raw
+        body_id = tx.run("INSERT INTO bodies (raw) VALUES (?)", (raw,)).lastrowid
+        for delivery in message.deliveries:
+            row = tx.one(
+                "SELECT mailbox_id FROM mailboxes WHERE alias = ? AND domain = ?",
+                (delivery.alias, delivery.domain),
+            )
+            mailbox_id = None if row is None else str(row[0])
+            message_id = f"m-{secrets.token_hex(6)}"
+            tx.run(
+                "INSERT INTO messages (message_id, mailbox_id, body_id, rcpt, alias, tag,"
+                " domain, mail_from, received_at, size, subject, run_header, defects, sink)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    message_id,
+                    mailbox_id,
+                    body_id,
+                    delivery.rcpt,
+                    delivery.alias,
+                    delivery.tag,
+                    delivery.domain,
+                    message.mail_from,
+                    now,
+                    len(raw),
+                    message.subject,
+                    message.run_header,
+                    ",".join(message.defects),
+                    sink,
+                ),
+            )
+            if mailbox_id is not None:
+                tx.event(mailbox_id, now, "received", message_id)
+            ids.append(message_id)
         return ids
 
     def checkpoint(self) -> Checkpoint:
@@ -530,8 +570,12 @@ class Store:
             tx.event(mailbox_id, now, "fault_armed", f"{stage} answers {reply[:3]} x{times}")
         return None
 
-    def take_fault(self, alias: str, domain: str, stage: str) -> str | None:
-        """The scripted reply owed at ``stage`` for ``alias@domain``, counted once; else None."""
+    def fault_pending(self, alias: str, domain: str, stage: str) -> int | None:
+        """The id of a scripted reply still owed at ``stage`` for ``alias@domain``, or None.
+
+        One indexed read and never a write: in WAL mode it does not wait for writers, so the
+        sink's event loop may call it.
+        """
         row = (
             self._conn()
             .execute(
@@ -541,17 +585,22 @@ class Store:
             )
             .fetchone()
         )
-        if row is None:  # the common case: one indexed read, no write
+        return None if row is None else int(row[0])
+
+    def take_fault(self, alias: str, domain: str, stage: str) -> str | None:
+        """The scripted reply owed at ``stage`` for ``alias@domain``, counted once; else None."""
+        fault_id = self.fault_pending(alias, domain, stage)
+        if fault_id is None:  # the common case: one indexed read, no write
             return None
         with self._write() as tx:
             now = self.clock()
             taken = tx.run(
                 "UPDATE faults SET remaining = remaining - 1 WHERE fault_id = ? AND remaining > 0",
-                (row[0],),
+                (fault_id,),
             ).rowcount
             if taken != 1:  # another sink took the last one first
                 return None
-            fault = tx.one("SELECT * FROM faults WHERE fault_id = ?", (row[0],))
+            fault = tx.one("SELECT * FROM faults WHERE fault_id = ?", (fault_id,))
             assert fault is not None
             used = fault["times"] - fault["remaining"]
             tx.event(
@@ -592,14 +641,27 @@ class Store:
     # -- claims ------------------------------------------------------------------------
 
     def claim(
-        self, *, mailbox_id: str, mailbox_fence: int, message_id: str, holder: str, lease: float
+        self,
+        *,
+        mailbox_id: str,
+        mailbox_fence: int,
+        message_id: str,
+        holder: str,
+        lease: float,
+        waiting: str | None = None,
     ) -> Outcome:
-        """``waiting → claimed`` for one message, atomically, under a new fence token."""
+        """``waiting → claimed`` for one message, atomically, under a new fence token.
+
+        ``waiting`` records the mailbox's ``waiting`` step (with that detail) first, in the
+        same transaction: a wait that finds its message at once writes once, not twice.
+        """
         with self._write() as tx:
             now = self.clock()
             refused = self._open_mailbox(tx, mailbox_id, mailbox_fence, now)
             if refused is not None:
                 return refused
+            if waiting is not None:
+                self._mark(tx, mailbox_id, Status.WAITING, waiting, now)
             row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
             if row is None or row["mailbox_id"] != mailbox_id:
                 return Outcome(Status.POLICY_DENIED, message_id, detail="not in this mailbox")
@@ -782,6 +844,19 @@ class Store:
             )
             tx.event(mailbox_id, now, Status.EXPIRED, CloseReason.EXPIRED_TIMEOUT.value)
         return len(overdue)
+
+    @staticmethod
+    def _mark(tx: _Tx, mailbox_id: str, status: Status, detail: str, now: float) -> None:
+        if status in (Status.WAITING, Status.CLAIMED, Status.CONSUMED):
+            # States only move forward: a late "waiting" never hides a claim or an ack.
+            order = ("reserved", "waiting", "claimed", "consumed")
+            earlier = order[: order.index(status.value)]
+            tx.run(
+                f"UPDATE mailboxes SET state = ? WHERE mailbox_id = ? "
+                f"AND state IN ({_marks(earlier)})",
+                (status.value, mailbox_id, *earlier),
+            )
+        tx.event(mailbox_id, now, status, detail)
 
     def _open_mailbox(self, tx: _Tx, mailbox_id: str, fence: int, now: float) -> Outcome | None:
         """None if the mailbox is open under ``fence``; else why not (expiring it if due)."""
