@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import types
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ _failed_key = pytest.StashKey[bool]()
 _fixed_sink_key = pytest.StashKey[MailSink]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
+_fixtures_key = pytest.StashKey["_Fixtures"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,6 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
         _warn_exposed(config, settings.host)
     config.stash[_settings_key] = settings
     config.stash[_signal_key] = Signal()
+    config.stash[_fixtures_key] = fixtures = _Fixtures(config)
+    config.pluginmanager.register(fixtures.plugin(), "mailbox-fixtures")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
@@ -183,84 +187,128 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         store.close()
 
 
-@pytest.fixture(scope="session")
-def mailbox_store(
-    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Store]:
-    """The run's shared store (SQLite, WAL), reconciled when the session starts and ends."""
-    path = store_path(pytestconfig, tmp_path_factory)
-    pytestconfig.stash[_store_path_key] = path
-    store = Store(path)
-    store.reconcile()
-    yield store
-    store.reconcile()
-    store.close()
+class _Fixtures:
+    """The plugin's fixtures, bound to one pytest config.
 
-
-@pytest.fixture(scope="session")
-def mailbox_server(pytestconfig: pytest.Config, mailbox_store: Store) -> Iterator[SmtpEndpoint]:
-    """The SMTP endpoint for the app under test: ``host``, ``port``, ``smtp_url``, ``settings``.
-
-    A sink per worker on a free port; with ``--mailbox-port``, the one sink serving that port.
+    They take neither ``request`` nor ``pytestconfig``: pytest builds a new FixtureDef (and
+    inspects a signature) for ``request`` each time a fixture that depends on it is resolved,
+    which, through the session fixtures' chain, was every test, about 0.3 ms each. So they
+    are closures over this object, in a module registered as a plugin for this config.
     """
-    port = pytestconfig.stash[_settings_key].port
-    if port:
-        fixed = pytestconfig.stash.get(_fixed_sink_key, None)
-        yield fixed or SmtpEndpoint(pytestconfig.stash[_settings_key].host, port)
-        return
-    with _new_sink(pytestconfig, mailbox_store, 0) as sink:
-        yield sink
 
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.item: pytest.Item | None = None  # the test being set up or run
 
-@pytest.fixture
-def email_contract(request: pytest.FixtureRequest) -> EmailContract:
-    """This test's contract: the mailbox_* ini defaults overlaid by its email_contract marker."""
-    settings = request.config.stash[_settings_key]
-    marker = request.node.get_closest_marker("email_contract")
-    if marker is None:
-        return settings.contract
-    if marker.args:
-        pytest.fail(
-            "email_contract takes keyword arguments only, "
-            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
-            pytrace=False,
+    def test(self) -> pytest.Item:
+        if self.item is None:  # pragma: no cover - pytest sets up fixtures inside a test
+            msg = "pytest-mailbox fixtures are available inside a test only"
+            raise RuntimeError(msg)
+        return self.item
+
+    def plugin(self) -> types.ModuleType:
+        """The fixtures, as a plugin module of plain functions that read this object (pytest
+        deprecates fixtures that are methods of an instance)."""
+        state = self
+
+        def mailbox_store() -> Iterator[Store]:
+            yield from state.mailbox_store()
+
+        def mailbox_server(mailbox_store: Store) -> Iterator[SmtpEndpoint]:
+            yield from state.mailbox_server(mailbox_store)
+
+        def email_contract() -> EmailContract:
+            return state.email_contract()
+
+        def isolated_mailbox(
+            mailbox_server: MailSink, mailbox_store: Store, email_contract: EmailContract
+        ) -> Iterator[Mailbox]:
+            yield from state.isolated_mailbox(mailbox_server, mailbox_store, email_contract)
+
+        module = types.ModuleType(f"{__name__}.fixtures")
+        module.__file__ = __file__
+        for function, scope in (
+            (mailbox_store, "session"),
+            (mailbox_server, "session"),
+            (email_contract, "function"),
+            (isolated_mailbox, "function"),
+        ):
+            function.__doc__ = getattr(self, function.__name__).__doc__  # `pytest --fixtures`
+            setattr(module, function.__name__, pytest.fixture(scope=scope)(function))  # type: ignore[call-overload]
+        return module
+
+    def mailbox_store(self) -> Iterator[Store]:
+        """The run's shared store (SQLite, WAL), reconciled when the session starts and ends."""
+        config = self.config
+        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+        path = store_path(config, factory)
+        config.stash[_store_path_key] = path
+        store = Store(path)
+        store.reconcile()
+        yield store
+        store.reconcile()
+        store.close()
+
+    def mailbox_server(self, mailbox_store: Store) -> Iterator[SmtpEndpoint]:
+        """The SMTP endpoint for the app under test: ``host``, ``port``, ``smtp_url``,
+        ``settings``.
+
+        A sink per worker on a free port; with ``--mailbox-port``, the one sink serving that
+        port.
+        """
+        config = self.config
+        port = config.stash[_settings_key].port
+        if port:
+            fixed = config.stash.get(_fixed_sink_key, None)
+            yield fixed or SmtpEndpoint(config.stash[_settings_key].host, port)
+            return
+        with _new_sink(config, mailbox_store, 0) as sink:
+            yield sink
+
+    def email_contract(self) -> EmailContract:
+        """This test's contract: the mailbox_* ini defaults, overlaid by its email_contract
+        marker."""
+        settings = self.config.stash[_settings_key]
+        marker = self.test().get_closest_marker("email_contract")
+        if marker is None:
+            return settings.contract
+        if marker.args:
+            pytest.fail(
+                "email_contract takes keyword arguments only, "
+                "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+                pytrace=False,
+            )
+        values = {**settings.contract.model_dump(), **dict(marker.kwargs)}
+        try:
+            contract = EmailContract(**values)
+            contract.check_limits(ttl_max=settings.ttl_max)
+        except ValidationError as exc:
+            problem = describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            return contract
+        pytest.fail(problem, pytrace=False)
+
+    def isolated_mailbox(
+        self, mailbox_server: MailSink, mailbox_store: Store, email_contract: EmailContract
+    ) -> Iterator[Mailbox]:
+        """A fresh alias on the session's sink, reserved for this test's run under its
+        contract."""
+        config, item = self.config, self.test()
+        mailbox = Mailbox.reserve(
+            mailbox_store,
+            contract=email_contract,
+            domain=config.stash[_settings_key].domain,
+            nodeid=item.nodeid,
+            signal=config.stash[_signal_key],
         )
-    values = {**settings.contract.model_dump(), **dict(marker.kwargs)}
-    try:
-        contract = EmailContract(**values)
-        contract.check_limits(ttl_max=settings.ttl_max)
-    except ValidationError as exc:
-        problem = describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
-    except ValueError as exc:
-        problem = str(exc)
-    else:
-        return contract
-    pytest.fail(problem, pytrace=False)
-
-
-@pytest.fixture
-def isolated_mailbox(
-    request: pytest.FixtureRequest,
-    mailbox_server: MailSink,
-    mailbox_store: Store,
-    email_contract: EmailContract,
-) -> Iterator[Mailbox]:
-    """A fresh alias on the session's sink, reserved for this test's run under its contract."""
-    settings = request.config.stash[_settings_key]
-    mailbox = Mailbox.reserve(
-        mailbox_store,
-        contract=email_contract,
-        domain=settings.domain,
-        nodeid=request.node.nodeid,
-        signal=request.config.stash[_signal_key],
-    )
-    item = request.node
-    item.stash.setdefault(_mailboxes_key, []).append(mailbox)
-    yield mailbox
-    receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
-        update={"testrun_uid": request.config.stash[_testrun_key]}
-    )
-    item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
+        item.stash.setdefault(_mailboxes_key, []).append(mailbox)
+        yield mailbox
+        receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
+            update={"testrun_uid": config.stash[_testrun_key]}
+        )
+        item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -268,6 +316,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Each run of a test starts clean, reruns included (pytest-rerunfailures)."""
     item.stash[_failed_key] = False
     item.stash[_mailboxes_key] = []
+    item.config.stash[_fixtures_key].item = item
 
 
 @pytest.hookimpl(wrapper=True)
