@@ -5,9 +5,7 @@ opens one) and waits for it. Only the fixture that receives the mail differs:
 
 - ``bare``: a session-scoped bare aiosmtpd sink appending to a list; no isolation;
 - ``smtpdfix``: smtpdfix's function-scoped ``smtpd`` fixture (a new server per test);
-- ``mailbox``: pytest-mailbox's ``isolated_mailbox``: reserve, wait, claim, ack, receipt;
-- ``mailbox-nodelay``: the same with TCP_NODELAY forced on the sink's connections (a
-  what-if for a proposed sink fix, patched in the suite's conftest, labelled as such).
+- ``mailbox``: pytest-mailbox's ``isolated_mailbox``: reserve, wait, claim, ack, receipt.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ NOT_MINE = {
     "bare": ("mailbox", "smtpd"),
     "smtpdfix": ("mailbox",),
     "mailbox": ("smtpd",),
-    "mailbox-nodelay": ("smtpd",),
 }
 
 _SEND = '''
@@ -72,22 +69,6 @@ def bare_sink():
 ''',
     "smtpdfix": _SEND,
     "mailbox": _SEND,
-    "mailbox-nodelay": _SEND
-    + """
-import socket
-
-from pytest_mailbox import sink
-
-
-def _connection_made(self, transport, _made=sink._Protocol.connection_made):
-    # What-if: TCP_NODELAY on the sink's connections, as asyncio sets it for create_server(
-    # host, port). MailSink binds its own socket with proto 0, so asyncio leaves Nagle on.
-    transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    _made(self, transport)
-
-
-sink._Protocol.connection_made = _connection_made
-""",
 }
 
 TEST = {
@@ -145,7 +126,7 @@ def generate(base: Path, kind: str, count: int) -> Path:
     left = count
     while left > 0:
         size = min(PER_MODULE, left)
-        source = TEST[kind.split("-", maxsplit=1)[0]].format(count=size, module=module)
+        source = TEST[kind].format(count=size, module=module)
         (path / f"test_mail_{module:02d}.py").write_text(source)
         left -= size
         module += 1

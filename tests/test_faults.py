@@ -9,6 +9,7 @@ from email.message import EmailMessage
 import pytest
 
 from pytest_mailbox import ContractError, Mailbox, MailSink, Store
+from pytest_mailbox.store import Delivery
 
 
 class RetryingApp:
@@ -164,3 +165,19 @@ def test_faults_reach_every_worker_in_fixed_port_mode(pytester: pytest.Pytester)
     result = pytester.runpytest("-n", "2", f"--mailbox-port={port}")
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["mailbox: 4 reserved, 4 received, 4 claimed, 4 consumed, *"])
+
+
+def test_a_fault_another_sink_took_first_leaves_the_message_to_be_stored(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    isolated_mailbox.inject_fault(stage="DATA", times=1)
+    mailbox = isolated_mailbox
+    taken = mailbox_store.take_fault(mailbox.alias, mailbox.domain, "DATA")  # another sink
+    delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+
+    # What the sink's writer thread runs once its loop saw the fault pending.
+    reply = mailbox_server.receive("app@example.test", [delivery], b"Subject: late\r\n\r\nhi\r\n")
+
+    assert taken is not None
+    assert reply is None
+    assert mailbox.wait_for(subject="late", timeout=5).subject == "late"

@@ -16,7 +16,7 @@ from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
 from pytest_mailbox.errors import ContractError, MailboxClosed
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.store import Delivery, MailboxRow, Store
+from pytest_mailbox.store import Delivery, MailboxRow, MessageRow, Store
 
 
 def reserve(
@@ -503,3 +503,15 @@ def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:
         handle.close()
     assert inside
     assert all(inside)
+
+
+@pytest.mark.parametrize(
+    ("table", "row_type"), [("mailboxes", MailboxRow), ("messages", MessageRow)]
+)
+def test_row_types_follow_their_tables_column_order(
+    store: Store, table: str, row_type: type[MailboxRow | MessageRow]
+) -> None:
+    # Rows are built positionally from SELECT *: a reordered column would shift every field.
+    columns = [info[1] for info in store._conn().execute(f"PRAGMA table_info({table})")]
+
+    assert list(row_type._fields) == columns

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pytest_mailbox.sink import MailSink
-from pytest_mailbox.store import Delivery, MailboxRow, Store
+from pytest_mailbox.store import Delivery, Incoming, MailboxRow, Store, StoreBusy
 
 SAFETY = 30.0  # seconds: an upper bound on waiting for a child, never a synchronisation
 
@@ -276,3 +276,25 @@ def test_read_then_write_paths_never_hit_database_is_locked(store: Store) -> Non
     assert counts["consumed"] == 4 * 25
     assert counts["claimed"] == 4 * 25 + 30
     assert integrity(store.path) == "ok"
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_writer_that_cannot_get_the_lock_gives_up_and_changes_nothing(
+    tmp_path: Path, wait: bool
+) -> None:
+    store = Store(tmp_path / "store.sqlite3", busy_timeout=0.05)
+    mailbox, _ = store.reserve(run_id="r-lock", purpose="lock", ttl=600, domain="mailbox.test")
+    delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+    message = Incoming("app@example.test", [delivery], b"Subject: s\r\n\r\nhi\r\n", "s", None)
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+
+    # Waiting gives up after busy_timeout with SQLite's error; not waiting says so at once.
+    with pytest.raises(sqlite3.OperationalError if wait else StoreBusy, match="locked"):
+        store.deliver_all([message], wait=wait)
+
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert store.messages(mailbox.mailbox_id) == []
+    assert store.deliver_all([message], wait=False)  # and the same handle writes afterwards
+    store.close()

@@ -585,19 +585,23 @@ class Mailbox:
             _raise_for(refused, "inject_fault")
 
     def close(self, *, success: bool) -> Receipt:
-        """Teardown: ack (on success) or give back (on failure) live claims, release, receipt."""
+        """Teardown: ack (on success) or give back (on failure) live claims, release, receipt.
+
+        A closed (or expired, or re-fenced) reservation is left as it is: the store refuses.
+        """
+        if success:  # one transaction: the acks and the release
+            self.store.release(
+                self.mailbox_id, self.fence, CloseReason.RELEASED_SUCCESS, ack_for=self.run_id
+            )
+            return self.receipt()
         row = self.store.mailbox(self.mailbox_id)
         if row is not None and row.active and row.fence == self.fence:
             now = self.store.clock()
             for message in self.store.messages(self.mailbox_id):
                 live = message.state == Status.CLAIMED.value and (message.lease_until or 0) > now
                 if live and message.holder == self.run_id and message.fence is not None:
-                    if success:
-                        self.store.ack(message.message_id, message.fence)
-                    else:
-                        self.store.release_claim(message.message_id, message.fence)
-            reason = CloseReason.RELEASED_SUCCESS if success else CloseReason.RELEASED_ERROR
-            self.release(reason)
+                    self.store.release_claim(message.message_id, message.fence)
+            self.release(CloseReason.RELEASED_ERROR)
         return self.receipt()
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:

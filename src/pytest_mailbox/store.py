@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from filelock import FileLock
 
@@ -134,9 +134,8 @@ RESTART_PAGES = 1000
 ACTIVE = ("reserved", "waiting", "claimed", "consumed")
 
 
-@dataclass(frozen=True)
-class MailboxRow:
-    """A mailbox reservation as stored."""
+class MailboxRow(NamedTuple):
+    """A mailbox reservation as stored (fields in the table's column order)."""
 
     mailbox_id: str
     run_id: str
@@ -160,9 +159,9 @@ class MailboxRow:
         return self.state in ACTIVE
 
 
-@dataclass(frozen=True)
-class MessageRow:
-    """One routed (or unrouted) recipient copy of an accepted message."""
+class MessageRow(NamedTuple):
+    """One routed (or unrouted) recipient copy of an accepted message (fields in the
+    table's column order: rows are built from ``SELECT *`` positionally, the cheap way)."""
 
     seq: int
     message_id: str
@@ -414,13 +413,26 @@ class Store:
             self._mark(tx, mailbox_id, status, detail, now)
         return None
 
-    def release(self, mailbox_id: str, fence: int, reason: CloseReason) -> Outcome:
-        """End a reservation; live claims it holds are released with it."""
+    def release(
+        self, mailbox_id: str, fence: int, reason: CloseReason, *, ack_for: str | None = None
+    ) -> Outcome:
+        """End a reservation; live claims it holds are released with it.
+
+        ``ack_for`` first acks the claims that run holds under a live lease, in the same
+        transaction (a test that passed consumed what it claimed).
+        """
         with self._write() as tx:
             now = self.clock()
             refused = self._open_mailbox(tx, mailbox_id, fence, now)
             if refused is not None:
                 return refused
+            if ack_for is not None:
+                for held in tx.all(
+                    "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?"
+                    " AND holder = ? AND lease_until > ?",
+                    (mailbox_id, Status.CLAIMED.value, ack_for, now),
+                ):
+                    self._consume(tx, held["message_id"], held["fence"], mailbox_id, now)
             self._end_claims(tx, mailbox_id, "released", now)
             tx.run(
                 "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? "
@@ -429,17 +441,6 @@ class Store:
             )
             tx.event(mailbox_id, now, Status.RELEASED, reason.value)
             return Outcome(Status.RELEASED, detail=reason.value)
-
-    def route(self, alias: str, domain: str) -> str | None:
-        """The mailbox that owns ``alias@domain``, whatever its state (mail is never dropped)."""
-        row = (
-            self._conn()
-            .execute(
-                "SELECT mailbox_id FROM mailboxes WHERE alias = ? AND domain = ?", (alias, domain)
-            )
-            .fetchone()
-        )
-        return None if row is None else str(row[0])
 
     # -- messages ----------------------------------------------------------------------
 
@@ -712,20 +713,7 @@ class Store:
             checked = self._current_claim(tx, message_id, fence, now)
             if checked.status is not Status.CLAIMED:
                 return checked
-            tx.run(
-                "UPDATE messages SET state = 'consumed', consumed_at = ? WHERE message_id = ?",
-                (now, message_id),
-            )
-            tx.run(
-                "UPDATE claims SET state = 'consumed', ended_at = ? WHERE fence = ?", (now, fence)
-            )
-            mailbox_id = checked.extra["mailbox_id"]
-            tx.run(
-                "UPDATE mailboxes SET state = 'consumed' WHERE mailbox_id = ? AND state IN "
-                f"({_marks(ACTIVE)})",
-                (mailbox_id, *ACTIVE),
-            )
-            tx.event(mailbox_id, now, Status.CONSUMED, f"{message_id} fence {fence}")
+            self._consume(tx, message_id, fence, checked.extra["mailbox_id"], now)
             return Outcome(Status.CONSUMED, message_id, fence=fence, holder=checked.holder)
 
     def renew(self, message_id: str, fence: int, lease: float) -> Outcome:
@@ -929,6 +917,21 @@ class Store:
             extra={"mailbox_id": msg.mailbox_id},
         )
 
+    @staticmethod
+    def _consume(tx: _Tx, message_id: str, fence: int, mailbox_id: str, now: float) -> None:
+        """``claimed → consumed`` for a claim already checked to be live under ``fence``."""
+        tx.run(
+            "UPDATE messages SET state = 'consumed', consumed_at = ? WHERE message_id = ?",
+            (now, message_id),
+        )
+        tx.run("UPDATE claims SET state = 'consumed', ended_at = ? WHERE fence = ?", (now, fence))
+        tx.run(
+            "UPDATE mailboxes SET state = 'consumed' WHERE mailbox_id = ? AND state IN "
+            f"({_marks(ACTIVE)})",
+            (mailbox_id, *ACTIVE),
+        )
+        tx.event(mailbox_id, now, Status.CONSUMED, f"{message_id} fence {fence}")
+
     def _end_claims(self, tx: _Tx, mailbox_id: str, state: str, now: float) -> None:
         """End every live claim on the mailbox's messages (release or expiry)."""
         for claim in tx.all(
@@ -1022,8 +1025,8 @@ def _marks(values: Sequence[object]) -> str:
 
 
 def _mailbox(row: sqlite3.Row) -> MailboxRow:
-    return MailboxRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row
+    return MailboxRow._make(row)
 
 
 def _message(row: sqlite3.Row) -> MessageRow:
-    return MessageRow(**{k: row[k] for k in row.keys()})  # noqa: SIM118 - sqlite3.Row
+    return MessageRow._make(row)
