@@ -487,7 +487,7 @@ def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:
     inside: list[bool] = []
 
     def clock() -> float:
-        inside.append(handle._conn().in_transaction)
+        inside.append(handle._conn(writer=True).in_transaction)
         return T0
 
     handle = Store(db, clock=clock)

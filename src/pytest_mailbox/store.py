@@ -130,6 +130,12 @@ CHECKPOINT_EVERY = 50
 #: pages the passive copies left (milliseconds), and the log starts over from its beginning.
 RESTART_PAGES = 1000
 
+#: A writer that finds the lock taken retries after 50 µs, doubling up to 5 ms.
+RETRY_FIRST = 0.00005
+RETRY_LAST = 0.005
+#: How long a writer keeps trying to truncate a log past ``wal_limit`` before going on.
+TRUNCATE_PATIENCE = 1.0
+
 #: Mailbox states in which the reservation is still open.
 ACTIVE = ("reserved", "waiting", "claimed", "consumed")
 
@@ -263,21 +269,23 @@ class Store:
 
     # -- connections and transactions -------------------------------------------------
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def _conn(self, *, writer: bool = False) -> sqlite3.Connection:
+        """This thread's connection for reads (it waits up to ``busy_timeout`` when SQLite
+        says busy, which in WAL mode readers almost never meet), or for ``writer``
+        transactions (it never waits by itself: ``_write`` retries, see there)."""
+        key = "writer" if writer else "reader"
+        conn: sqlite3.Connection | None = getattr(self._local, key, None)
         if conn is None:
-            # Each thread uses its own connection; only close() reaches across threads.
+            # Each thread uses its own connections; only close() reaches across threads.
+            timeout = 0.0 if writer else self._busy_timeout
             conn = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
+                self.path, timeout=timeout, isolation_level=None, check_same_thread=False
             )
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # the _Checkpointer does it
-            self._local.conn = conn
+            setattr(self._local, key, conn)
             with self._lock:
                 self._connections.append(conn)
         return conn
@@ -287,33 +295,44 @@ class Store:
         """One ``BEGIN IMMEDIATE`` transaction. Callers read the clock inside it: waiting for
         the write lock (up to ``busy_timeout``) must not stretch a lease or revive one.
 
-        ``wait=False`` raises ``StoreBusy`` at once if another connection holds the lock,
-        and never waits on anything (a checkpoint past ``wal_limit`` is left to the next
-        writer): for an event loop that must not block.
+        Waiting is a retry loop that starts at 50 µs: SQLite's own busy handler sleeps
+        1 ms, then 2, then 5…, which made every collision between two xdist workers cost
+        milliseconds. ``wait=False`` raises ``StoreBusy`` at once instead, and never waits
+        on anything (a checkpoint past ``wal_limit`` is left to the next writer): for an
+        event loop that must not block.
         """
-        conn = self._conn()
-        if not wait:
-            conn.execute("PRAGMA busy_timeout=0")
-        try:
+        conn = self._conn(writer=True)
+        delay, deadline = RETRY_FIRST, None
+        while True:
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                break
             except sqlite3.OperationalError as exc:
-                if wait:
+                if not wait:
+                    raise StoreBusy(str(exc)) from None
+                now = time.monotonic()
+                deadline = now + self._busy_timeout if deadline is None else deadline
+                if now >= deadline or "locked" not in str(exc):
                     raise
-                raise StoreBusy(str(exc)) from None
-            try:
-                yield _Tx(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_LAST)
+        try:
+            yield _Tx(conn)
             conn.execute("COMMIT")
-            self._bound_wal(conn)
-        finally:
-            if not wait:
-                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._bound_wal(conn, patience=TRUNCATE_PATIENCE if wait else 0.0)
 
-    def _bound_wal(self, conn: sqlite3.Connection) -> None:
-        """Checkpoint and truncate the log once it passes ``wal_limit`` (waits for readers)."""
+    def _bound_wal(self, conn: sqlite3.Connection, *, patience: float) -> None:
+        """Checkpoint and truncate the log once it passes ``wal_limit``.
+
+        Readers in the way make the checkpoint give up at once (the writer's connection
+        does not wait); it is tried again every 50 µs or so for ``patience`` seconds, so it
+        lands in the gaps between a busy reader's statements, which SQLite's own busy
+        handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long as they read.
+        """
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
             with self._lock:
@@ -324,9 +343,18 @@ class Store:
             size = self._wal.stat().st_size
         except OSError:
             return
-        if size > self.wal_limit:
+        if size <= self.wal_limit:
+            return
+        deadline, delay = time.monotonic() + patience, RETRY_FIRST
+        while True:
             with suppress(sqlite3.OperationalError):  # best effort: the next writer tries again
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if not busy:
+                    return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_LAST)
 
     def close(self) -> None:
         """Close every connection this handle opened (from any thread)."""
