@@ -397,7 +397,8 @@ def test_megabytes_without_a_newline_get_500_in_bounded_memory(client: Client) -
 
 ADDRESS_PIECES = st.sampled_from(
     ["<", ">", "@", ".", " ", "\t", "(", ")", "\\", '"', "[", "]", ":", ",", "=", "\r\n",
-     "user", "a+tag", "mailbox.test", "x-y", "é", "SIZE=10", "BODY=8BITMIME", "!#$%&'*/?^`{|}~"]
+     "user", "a+tag", "mailbox.test", "x-y", "é", "SIZE=10", "BODY=8BITMIME", "!#$%&'*/?^`{|}~",
+     "\f", "\v", "\u2003"]
 )  # fmt: skip
 
 
@@ -773,6 +774,21 @@ def test_a_message_that_ends_while_another_process_writes_is_stored_when_the_loc
         assert pending.result(SAFETY) is None
     on_sink_loop(sink, sink.in_writer(int)).result(SAFETY)  # the writer thread is done
     assert [r.subject for r in rows(sink, mailbox)] == ["waited"]
+
+
+def test_a_batch_that_cannot_reach_the_writer_thread_fails_its_clients(sink: MailSink) -> None:
+    mailbox = reserve(sink)
+    holder = sqlite3.connect(sink.store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the batch meets the lock…
+    sink._writer.shutdown()  # …and the writer thread is gone (the sink is stopping)
+
+    pending = on_sink_loop(sink, sink.store_message(*incoming(mailbox, "lost")))
+
+    with pytest.raises(RuntimeError, match="shutdown"):  # handle_DATA answers 451
+        pending.result(SAFETY)
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert rows(sink, mailbox) == []
 
 
 def test_message_content_never_reaches_the_log_at_debug(

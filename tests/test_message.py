@@ -514,6 +514,24 @@ def test_index_reads_the_header_section_only() -> None:
     assert index(b"no headers at all") == Index(subject="", run_header=None, defects=[])
 
 
+def test_index_hands_the_parser_the_header_section_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[bytes] = []
+
+    class Recording(BytesParser):
+        def parsebytes(self, text: bytes | bytearray, headersonly: bool = False) -> Any:
+            parsed.append(bytes(text))
+            return super().parsebytes(text, headersonly=headersonly)
+
+    header = b"Subject: caf\xc3\xa9\r\nX-Run-Id: r-1\r\n\r\n"  # not plain: parsed
+    raw = header + b"body line\r\n" * 10_000
+    monkeypatch.setattr(message_module, "BytesParser", Recording)
+
+    found = index(raw)
+
+    assert parsed == [header]
+    assert (found.subject, found.run_header) == ("café", "r-1")
+
+
 def test_index_of_what_the_parser_cannot_read_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
     class FailingParser(BytesParser):
         def parsebytes(self, text: bytes | bytearray, headersonly: bool = False) -> Any:

@@ -298,3 +298,24 @@ def test_a_writer_that_cannot_get_the_lock_gives_up_and_changes_nothing(
     assert store.messages(mailbox.mailbox_id) == []
     assert store.deliver_all([message], wait=False)  # and the same handle writes afterwards
     store.close()
+
+
+def test_a_commit_that_must_not_wait_leaves_the_log_to_the_background_thread(
+    tmp_path: Path,
+) -> None:
+    limit = 256 * 1024
+    store = Store(tmp_path / "store.sqlite3", wal_limit=limit)
+    mailbox, _ = store.reserve(run_id="r-big", purpose="big", ttl=600, domain="mailbox.test")
+    delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+    big = Incoming(
+        "app@example.test", [delivery], b"Subject: big\r\n\r\n" + b"x" * limit, "big", None
+    )
+
+    store.deliver_all([big], wait=False)  # what the sink's event loop does
+
+    # Not truncated on the caller's thread (a checkpoint there can take tens of ms); a
+    # waiting writer truncates it.
+    assert Path(f"{store.path}-wal").stat().st_size > limit
+    store.deliver_all([big])
+    assert Path(f"{store.path}-wal").stat().st_size == 0
+    store.close()

@@ -346,10 +346,13 @@ class Index:
 #: line a ``name:value`` field or the continuation of one, then the blank line.
 _PLAIN_SECTION = re.compile(rb"[!-9;-~]+:[\t -~]*\r\n(?:(?:[!-9;-~]+:|[\t ])[\t -~]*\r\n)*\r\n")
 _INDEXED = ("subject", "x-run-id")
+#: Two line ends in a row, by the parser's rules (CRLF, CR or LF): where headers end.
+_EMPTY_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 
 
 def index(raw: bytes) -> Index:
-    """The subject, the ``X-Run-Id`` and the header section's defects, without the body.
+    """The subject, the ``X-Run-Id`` and defects of the header section, without the body:
+    ``8bit_header``, and what the parser found in those two headers.
 
     A message's index and the ``Message`` a test reads must agree on every header: a plain
     header section (printable ASCII, no encoded words) is read directly, by the rules the
@@ -372,7 +375,10 @@ def index(raw: bytes) -> Index:
             name, _, value = line.partition(":")
             key = name.lower()
         return Index(found.get("subject", ""), found.get("x-run-id"), [])
-    return _index_parsed(raw)
+    # The parser, headers only, still splits every line of the body: hand it the header
+    # section alone (up to the first empty line, CRLF never split into CR and LF).
+    end = _EMPTY_LINE.search(raw)
+    return _index_parsed(raw if end is None else raw[: end.end()])
 
 
 def _index_parsed(raw: bytes) -> Index:

@@ -305,7 +305,9 @@ class _Protocol(SMTP):
         plain = _PLAIN_PATH.match(arg)
         if plain is not None and not self.local_part_limit:
             rest = arg[plain.end() :]
-            after = rest.lstrip(" \t")  # what get_angle_addr skips: blanks, not comments
+            # What get_angle_addr skips after the ">": from a blank on, all whitespace (and
+            # comments, which go to aiosmtpd's parser).
+            after = rest.lstrip() if rest[:1] in (" ", "\t") else rest
             if (not rest or after != rest) and not after.startswith("("):
                 return plain[1], after
         address: tuple[str | None, str | None] = super()._getaddr(arg)
@@ -463,8 +465,13 @@ class MailSink(SmtpEndpoint):
         try:
             self.commit(messages, wait=False)
         except StoreBusy:  # a Future, not a Task: stop() lets it finish
-            waited = asyncio.get_running_loop().run_in_executor(self._writer, self.commit, messages)
-            waited.add_done_callback(lambda done: settle(done.exception()))
+            try:
+                loop = asyncio.get_running_loop()
+                waited = loop.run_in_executor(self._writer, self.commit, messages)
+            except Exception as exc:  # the writer is shut down: the sink is stopping
+                settle(exc)
+            else:
+                waited.add_done_callback(lambda done: settle(done.exception()))
         except Exception as exc:
             settle(exc)
         else:

@@ -335,15 +335,15 @@ class Store:
         """
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
-            with self._lock:
-                if self._checkpointer is None:
-                    self._checkpointer = _Checkpointer(self.path)
-                self._checkpointer.request()
+            self._checkpointer_for().request()
         try:
             size = self._wal.stat().st_size
         except OSError:
             return
         if size <= self.wal_limit:
+            return
+        if patience <= 0:  # a caller that must not block: the background thread does it
+            self._checkpointer_for().request()
             return
         deadline, delay = time.monotonic() + patience, RETRY_FIRST
         while True:
@@ -355,6 +355,12 @@ class Store:
                 return
             time.sleep(delay)
             delay = min(delay * 2, RETRY_LAST)
+
+    def _checkpointer_for(self) -> _Checkpointer:
+        with self._lock:
+            if self._checkpointer is None:
+                self._checkpointer = _Checkpointer(self.path)
+            return self._checkpointer
 
     def close(self) -> None:
         """Close every connection this handle opened (from any thread)."""
