@@ -298,11 +298,11 @@ class Store:
         Waiting is a retry loop that starts at 50 µs: SQLite's own busy handler sleeps
         1 ms, then 2, then 5…, which made every collision between two xdist workers cost
         milliseconds. ``wait=False`` raises ``StoreBusy`` at once instead, and never waits
-        on anything (a checkpoint past ``wal_limit`` is left to the next writer): for an
-        event loop that must not block.
+        on anything (a log past ``wal_limit`` is left to the background checkpointer): for
+        an event loop that must not block.
         """
         conn = self._conn(writer=True)
-        delay, deadline = RETRY_FIRST, None
+        pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
         while True:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -310,12 +310,8 @@ class Store:
             except sqlite3.OperationalError as exc:
                 if not wait:
                     raise StoreBusy(str(exc)) from None
-                now = time.monotonic()
-                deadline = now + self._busy_timeout if deadline is None else deadline
-                if now >= deadline or "locked" not in str(exc):
+                if "locked" not in str(exc) or next(pauses, False) is False:
                     raise
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_LAST)
         try:
             yield _Tx(conn)
             conn.execute("COMMIT")
@@ -345,16 +341,14 @@ class Store:
         if patience <= 0:  # a caller that must not block: the background thread does it
             self._checkpointer_for().request()
             return
-        deadline, delay = time.monotonic() + patience, RETRY_FIRST
+        pauses = _pauses(patience)
         while True:
             with suppress(sqlite3.OperationalError):  # best effort: the next writer tries again
                 busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 if not busy:
                     return
-            if time.monotonic() >= deadline:
+            if next(pauses, False) is False:
                 return
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_LAST)
 
     def _checkpointer_for(self) -> _Checkpointer:
         with self._lock:
@@ -1052,6 +1046,16 @@ class _Tx:
             "INSERT INTO events (mailbox_id, at, status, detail) VALUES (?,?,?,?)",
             (mailbox_id, at, name, detail),
         )
+
+
+def _pauses(patience: float) -> Iterator[None]:
+    """Between two tries: sleep 50 µs, then twice as long each time up to 5 ms, for
+    ``patience`` seconds in all (counted from the first ``next``); then stop."""
+    deadline, delay = time.monotonic() + patience, RETRY_FIRST
+    while time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, RETRY_LAST)
+        yield
 
 
 def _marks(values: Sequence[object]) -> str:
