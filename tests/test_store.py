@@ -442,6 +442,35 @@ def test_mailbox_close_after_expiry_keeps_expired_timeout(store: Store, clock: C
     assert (seen.state, seen.consumed_at) == ("waiting", None)
 
 
+def test_a_receipt_of_an_overdue_mailbox_reports_it_expired(store: Store, clock: Clock) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    clock.advance(CONTRACT.ttl)  # no write since: only reading the receipt finds it overdue
+
+    receipt = mailbox.receipt()
+
+    assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")
+    assert [e.status for e in receipt.events] == ["reserved", "received", "expired"]
+
+
+def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
+    store: Store,
+) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver(store, mailbox)
+    mailbox.wait_for(subject="Verify your account").link()  # records the link's digest
+
+    history = store.history(mailbox.mailbox_id)
+
+    assert history.mailbox == store.mailbox(mailbox.mailbox_id)
+    assert history.messages == store.messages(mailbox.mailbox_id)
+    assert [tuple(e) for e in history.events] == [
+        tuple(e) for e in store.events(mailbox.mailbox_id)
+    ]
+    assert [(s["message_id"], s["kind"]) for s in history.secrets] == [(message_id, "link")]
+    assert store.history("mbx-unknown") == (None, [], [], [])
+
+
 def test_mailbox_second_wait_does_not_reclaim_a_consumed_message(store: Store) -> None:
     mailbox = reserve_mailbox(store)
     message_id = deliver(store, mailbox)
@@ -480,6 +509,60 @@ def test_a_late_waiting_mark_never_moves_the_state_back(store: Store) -> None:
     assert found is not None
     assert found.state == "consumed"
     assert [e["status"] for e in store.events(mailbox.mailbox_id)][-1] == "waiting"
+
+
+def test_a_claim_that_records_the_wait_leaves_waiting_then_claimed_in_order(
+    store: Store, db: Path
+) -> None:
+    mailbox = reserve(store)
+    message_id = deliver(store, mailbox)
+
+    taken = store.claim(
+        mailbox_id=mailbox.mailbox_id,
+        mailbox_fence=mailbox.fence,
+        message_id=message_id,
+        holder="run-1",
+        lease=30,
+        waiting="subject='Verify your account'",
+    )
+
+    assert taken.status is Status.CLAIMED
+    assert rows(db, "SELECT state FROM mailboxes") == [("claimed",)]
+    assert [e["status"] for e in store.events(mailbox.mailbox_id)][-2:] == ["waiting", "claimed"]
+
+
+def test_a_refused_claim_that_records_the_wait_leaves_the_mailbox_waiting(
+    store: Store, db: Path
+) -> None:
+    mine = reserve(store)
+    other = reserve(store, run_id="run-2")
+    theirs = deliver(store, other)
+
+    refused = store.claim(
+        mailbox_id=mine.mailbox_id,
+        mailbox_fence=mine.fence,
+        message_id=theirs,
+        holder="run-1",
+        lease=30,
+        waiting="subject='Verify your account'",
+    )
+
+    assert refused.status is Status.POLICY_DENIED
+    # The wait goes on: the state says so, and the timeline has the step.
+    assert rows(db, "SELECT state FROM mailboxes WHERE mailbox_id = ?", (mine.mailbox_id,)) == [
+        ("waiting",)
+    ]
+    assert [e["status"] for e in store.events(mine.mailbox_id)] == ["reserved", "waiting"]
+
+
+def test_a_fresh_reservation_returns_the_row_it_stored(store: Store, db: Path) -> None:
+    row, created = store.reserve(
+        run_id="r-new", purpose="verify", ttl=100, domain=DOMAIN, owner="t::x", fresh=True
+    )
+
+    assert created
+    [stored] = rows(db, "SELECT * FROM mailboxes")
+    assert tuple(row) == stored
 
 
 def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:

@@ -199,6 +199,7 @@ class Mailbox:
             ttl=contract.ttl,
             domain=normalize_domain(domain),
             owner=nodeid,
+            fresh=run_id is None,
         )
         return cls(store, row, contract=contract, signal=signal, nodeid=nodeid)
 
@@ -290,7 +291,9 @@ class Mailbox:
         deadline = time.monotonic() + limit
         while True:
             pause = self._pause_point(deadline)
-            matches, misses = self._scan(chosen)
+            matches, misses = self._scan(chosen, check_open=False)
+            if len(matches) != 1:  # one candidate goes to the claim, which checks it instead
+                self._ensure_open()
             if len(matches) > 1:
                 self._mark_waiting(chosen)
                 listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
@@ -307,6 +310,7 @@ class Mailbox:
                     return ClaimedMessage(
                         self.store.raw(matches[0].body_id), matches[0], self, outcome
                     )
+                self._ensure_open()  # a closed mailbox refused the claim: say so now
             self._mark_waiting(chosen)  # once, before the first pause
             if pause.remaining() <= 0:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
@@ -404,10 +408,11 @@ class Mailbox:
         return mask_secrets(row.subject, {s["sha256"] for s in self.store.secrets(self.mailbox_id)})
 
     def _scan(
-        self, selector: Selector, *, include_taken: bool = False
+        self, selector: Selector, *, include_taken: bool = False, check_open: bool = True
     ) -> tuple[list[MessageRow], list[tuple[MessageRow, str]]]:
         """(candidates, near misses with one reason each) among this mailbox's mail."""
-        self._ensure_open()
+        if check_open:
+            self._ensure_open()
         now = self.store.clock()
         matches: list[MessageRow] = []
         misses: list[tuple[MessageRow, str]] = []
@@ -615,8 +620,13 @@ class Mailbox:
 
     def receipt(self) -> Receipt:
         """The secret-free record of this run so far."""
-        row = self.store.mailbox(self.mailbox_id) or self._row
-        found = self.store.secrets(self.mailbox_id)
+        history = self.store.history(self.mailbox_id)
+        row = history.mailbox or self._row
+        if row.active and row.expires_at <= self.store.clock():  # overdue: reconcile first
+            self.store.reconcile()
+            history = self.store.history(self.mailbox_id)
+            row = history.mailbox or self._row
+        found = history.secrets
         digests = {s["sha256"] for s in found}
         messages = [
             MessageReceipt(
@@ -635,7 +645,7 @@ class Mailbox:
                     if s["message_id"] == m.message_id
                 ],
             )
-            for m in self.store.messages(self.mailbox_id)
+            for m in history.messages
         ]
         return Receipt(
             run_id=row.run_id,
@@ -652,7 +662,7 @@ class Mailbox:
             messages=messages,
             events=[
                 ReceiptEvent(at=utc(e["at"]), status=e["status"], detail=e["detail"])
-                for e in self.store.events(self.mailbox_id)
+                for e in history.events
             ],
             evidence=self._agent.evidence() if self._agent is not None else None,
         )

@@ -303,12 +303,15 @@ class _Fixtures:
             nodeid=item.nodeid,
             signal=config.stash[_signal_key],
         )
-        item.stash.setdefault(_mailboxes_key, []).append(mailbox)
+        opened = item.stash.setdefault(_mailboxes_key, [])
+        opened.append(mailbox)
         yield mailbox
         receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
             update={"testrun_uid": config.stash[_testrun_key]}
         )
         item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
+        # pytest keeps every item to the end of the session; the receipt is all that stays.
+        opened.remove(mailbox)
 
 
 @pytest.hookimpl(tryfirst=True)

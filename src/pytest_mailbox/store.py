@@ -21,11 +21,29 @@ from filelock import FileLock
 
 from pytest_mailbox.contract import Checkpoint, CloseReason, Status
 
-__all__ = ["Delivery", "Incoming", "MailboxRow", "MessageRow", "Outcome", "Store", "StoreBusy"]
+__all__ = [
+    "Delivery",
+    "History",
+    "Incoming",
+    "MailboxRow",
+    "MessageRow",
+    "Outcome",
+    "Store",
+    "StoreBusy",
+]
 
 Clock = Callable[[], float]
 
-_SCHEMA = """
+#: ``UPDATE … RETURNING`` (SQLite 3.35): the next fence in one statement instead of two.
+_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+#: Mailbox states in which the reservation is still open.
+ACTIVE = ("reserved", "waiting", "claimed", "consumed")
+#: The same, as SQL with literal values: SQLite uses a partial index only for a query whose
+#: WHERE clause repeats the index's own (bound parameters would not do).
+_OPEN = f"state IN ({', '.join(repr(state) for state in ACTIVE)})"
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);
 CREATE TABLE IF NOT EXISTS mailboxes (
@@ -42,15 +60,18 @@ CREATE TABLE IF NOT EXISTS mailboxes (
     close_reason TEXT,
     closed_at REAL
 );
-CREATE INDEX IF NOT EXISTS mailboxes_key ON mailboxes (run_id, purpose, state);
--- Every write looks for overdue open mailboxes: without this it reads every mailbox ever made.
-CREATE INDEX IF NOT EXISTS mailboxes_expiry ON mailboxes (state, expires_at);
+-- Neither index holds a mailbox's state while it is open, so the steps of a test
+-- (waiting, claimed, consumed) rewrite no index page of this table.
+CREATE INDEX IF NOT EXISTS mailboxes_run ON mailboxes (run_id, purpose);
+-- Every write looks for overdue open mailboxes: only the open ones are in this index.
+CREATE INDEX IF NOT EXISTS mailboxes_open ON mailboxes (expires_at)
+    WHERE {_OPEN};
 CREATE TABLE IF NOT EXISTS bodies (
     body_id INTEGER PRIMARY KEY,
     raw BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,  -- rows are never deleted: max + 1 only ever grows
     message_id TEXT NOT NULL UNIQUE,
     mailbox_id TEXT REFERENCES mailboxes (mailbox_id),
     body_id INTEGER NOT NULL REFERENCES bodies (body_id),
@@ -86,7 +107,7 @@ CREATE TABLE IF NOT EXISTS claims (
 );
 CREATE INDEX IF NOT EXISTS claims_message ON claims (message_id);
 CREATE TABLE IF NOT EXISTS events (
-    event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id INTEGER PRIMARY KEY,  -- as messages.seq
     mailbox_id TEXT NOT NULL,
     at REAL NOT NULL,
     status TEXT NOT NULL,
@@ -135,9 +156,6 @@ RETRY_FIRST = 0.00005
 RETRY_LAST = 0.005
 #: How long a writer keeps trying to truncate a log past ``wal_limit`` before going on.
 TRUNCATE_PATIENCE = 1.0
-
-#: Mailbox states in which the reservation is still open.
-ACTIVE = ("reserved", "waiting", "claimed", "consumed")
 
 
 class MailboxRow(NamedTuple):
@@ -190,6 +208,15 @@ class MessageRow(NamedTuple):
     lease_until: float | None
     claimed_at: float | None
     consumed_at: float | None
+
+
+class History(NamedTuple):
+    """Everything a receipt is made of, read in one snapshot of the store."""
+
+    mailbox: MailboxRow | None
+    messages: list[MessageRow]
+    events: list[sqlite3.Row]
+    secrets: list[sqlite3.Row]
 
 
 @dataclass(frozen=True)
@@ -375,42 +402,51 @@ class Store:
     # -- mailboxes ---------------------------------------------------------------------
 
     def reserve(
-        self, *, run_id: str, purpose: str, ttl: float, domain: str, owner: str = ""
+        self,
+        *,
+        run_id: str,
+        purpose: str,
+        ttl: float,
+        domain: str,
+        owner: str = "",
+        fresh: bool = False,
     ) -> tuple[MailboxRow, bool]:
-        """The active mailbox for ``run_id + purpose``, reserving one if none; (row, created)."""
+        """The active mailbox for ``run_id + purpose``, reserving one if none; (row, created).
+
+        ``fresh`` says the caller made ``run_id`` up just now, so no reservation can hold it
+        yet and there is nothing to look for.
+        """
         with self._write() as tx:
             now = self.clock()
             self._expire_mailboxes(tx, now)
-            row = tx.one(
-                "SELECT * FROM mailboxes WHERE run_id = ? AND purpose = ? AND state IN "
-                f"({_marks(ACTIVE)}) ORDER BY created_at DESC",
-                (run_id, purpose, *ACTIVE),
-            )
+            row = None
+            if not fresh:
+                row = tx.one(
+                    f"SELECT * FROM mailboxes WHERE run_id = ? AND purpose = ? AND {_OPEN} "
+                    "ORDER BY created_at DESC",
+                    (run_id, purpose),
+                )
             if row is not None:
                 return _mailbox(row), False
             mailbox_id = f"mbx-{secrets.token_hex(6)}"
             alias = f"{purpose}-{secrets.token_hex(5)}"
-            fence = tx.next_fence()
-            tx.run(
-                "INSERT INTO mailboxes (mailbox_id, run_id, purpose, alias, domain, owner,"
-                " created_at, expires_at, fence, state) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    mailbox_id,
-                    run_id,
-                    purpose,
-                    alias,
-                    domain,
-                    owner,
-                    now,
-                    now + ttl,
-                    fence,
-                    Status.RESERVED.value,
-                ),
+            created = MailboxRow(
+                mailbox_id=mailbox_id,
+                run_id=run_id,
+                purpose=purpose,
+                alias=alias,
+                domain=domain,
+                owner=owner,
+                created_at=now,
+                expires_at=now + ttl,
+                fence=tx.next_fence(),
+                state=Status.RESERVED.value,
+                close_reason=None,
+                closed_at=None,
             )
-            tx.event(mailbox_id, now, Status.RESERVED, f"{alias}@{domain} fence {fence}")
-            created = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
-            assert created is not None
-            return _mailbox(created), True
+            tx.run(f"INSERT INTO mailboxes VALUES ({_marks(created)})", created)
+            tx.event(mailbox_id, now, Status.RESERVED, f"{created.address} fence {created.fence}")
+            return created, True
 
     def mailbox(self, mailbox_id: str) -> MailboxRow | None:
         """The mailbox row, reconciled first if it has expired."""
@@ -435,9 +471,9 @@ class Store:
         """
         with self._write() as tx:
             now = self.clock()
-            refused = self._open_mailbox(tx, mailbox_id, fence, now)
-            if refused is not None:
-                return refused
+            opened = self._open_mailbox(tx, mailbox_id, fence, now)
+            if isinstance(opened, Outcome):
+                return opened
             self._mark(tx, mailbox_id, status, detail, now)
         return None
 
@@ -451,9 +487,9 @@ class Store:
         """
         with self._write() as tx:
             now = self.clock()
-            refused = self._open_mailbox(tx, mailbox_id, fence, now)
-            if refused is not None:
-                return refused
+            opened = self._open_mailbox(tx, mailbox_id, fence, now)
+            if isinstance(opened, Outcome):
+                return opened
             if ack_for is not None:
                 for held in tx.all(
                     "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?"
@@ -586,15 +622,13 @@ class Store:
         """Arm a scripted SMTP reply for this mailbox's alias; None if armed, else why not."""
         with self._write() as tx:
             now = self.clock()
-            refused = self._open_mailbox(tx, mailbox_id, fence, now)
-            if refused is not None:
-                return refused
-            row = tx.one("SELECT alias, domain FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
-            assert row is not None
+            opened = self._open_mailbox(tx, mailbox_id, fence, now)
+            if isinstance(opened, Outcome):
+                return opened
             tx.run(
                 "INSERT INTO faults (mailbox_id, alias, domain, stage, reply, times, remaining)"
                 " VALUES (?,?,?,?,?,?,?)",
-                (mailbox_id, row["alias"], row["domain"], stage, reply, times, times),
+                (mailbox_id, opened.alias, opened.domain, stage, reply, times, times),
             )
             tx.event(mailbox_id, now, "fault_armed", f"{stage} answers {reply[:3]} x{times}")
         return None
@@ -667,6 +701,31 @@ class Store:
             .fetchall()
         )
 
+    def history(self, mailbox_id: str) -> History:
+        """The mailbox, its messages, its timeline and its secrets' digests, as of one moment:
+        a mail that lands meanwhile is in all of them or in none."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            row = conn.execute(
+                "SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
+            ).fetchone()
+            messages = conn.execute(
+                "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq", (mailbox_id,)
+            ).fetchall()
+            events = conn.execute(
+                "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id",
+                (mailbox_id,),
+            ).fetchall()
+            secrets = conn.execute(
+                "SELECT * FROM secrets WHERE mailbox_id = ?", (mailbox_id,)
+            ).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return History(
+            None if row is None else _mailbox(row), [_message(m) for m in messages], events, secrets
+        )
+
     # -- claims ------------------------------------------------------------------------
 
     def claim(
@@ -686,53 +745,57 @@ class Store:
         """
         with self._write() as tx:
             now = self.clock()
-            refused = self._open_mailbox(tx, mailbox_id, mailbox_fence, now)
-            if refused is not None:
-                return refused
+            opened = self._open_mailbox(tx, mailbox_id, mailbox_fence, now)
+            if isinstance(opened, Outcome):
+                return opened
             if waiting is not None:
-                self._mark(tx, mailbox_id, Status.WAITING, waiting, now)
-            row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
-            if row is None or row["mailbox_id"] != mailbox_id:
-                return Outcome(Status.POLICY_DENIED, message_id, detail="not in this mailbox")
-            msg = _message(row)
-            if msg.state == Status.CONSUMED.value:
+                tx.event(mailbox_id, now, Status.WAITING, waiting)
+            outcome = self._claim(tx, opened, message_id, holder, lease, now)
+            if waiting is not None and outcome.status is not Status.CLAIMED:
+                self._advance(tx, mailbox_id, Status.WAITING)  # the wait goes on
+            return outcome
+
+    def _claim(
+        self, tx: _Tx, opened: MailboxRow, message_id: str, holder: str, lease: float, now: float
+    ) -> Outcome:
+        """The claim itself, inside ``claim``'s transaction, once the mailbox is open."""
+        mailbox_id = opened.mailbox_id
+        row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
+        if row is None or row["mailbox_id"] != mailbox_id:
+            return Outcome(Status.POLICY_DENIED, message_id, detail="not in this mailbox")
+        msg = _message(row)
+        if msg.state == Status.CONSUMED.value:
+            return Outcome(Status.ALREADY_CONSUMED, message_id, fence=msg.fence, holder=msg.holder)
+        if msg.state == Status.CLAIMED.value:
+            assert msg.lease_until is not None
+            if msg.lease_until > now:
+                # The fence is the holder's proof; only the holder itself gets it back.
                 return Outcome(
-                    Status.ALREADY_CONSUMED, message_id, fence=msg.fence, holder=msg.holder
+                    Status.ALREADY_CLAIMED,
+                    message_id,
+                    fence=msg.fence if msg.holder == holder else None,
+                    holder=msg.holder,
+                    lease_until=msg.lease_until,
                 )
-            if msg.state == Status.CLAIMED.value:
-                assert msg.lease_until is not None
-                if msg.lease_until > now:
-                    # The fence is the holder's proof; only the holder itself gets it back.
-                    return Outcome(
-                        Status.ALREADY_CLAIMED,
-                        message_id,
-                        fence=msg.fence if msg.holder == holder else None,
-                        holder=msg.holder,
-                        lease_until=msg.lease_until,
-                    )
-                self._end_claim(tx, message_id, msg.fence, "expired", now)
-            expires_at = tx.one(
-                "SELECT expires_at FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
-            )
-            assert expires_at is not None
-            lease_until = min(now + lease, float(expires_at[0]))
-            fence = tx.next_fence()
-            updated = tx.run(
-                "UPDATE messages SET state = 'claimed', fence = ?, holder = ?, lease_until = ?,"
-                " claimed_at = ? WHERE message_id = ? AND state = 'waiting'",
-                (fence, holder, lease_until, now, message_id),
-            ).rowcount
-            if updated != 1:  # pragma: no cover - the transaction makes this unreachable
-                return Outcome(Status.PROVIDER_ERROR, message_id, detail="lost update")
-            tx.run(
-                "INSERT INTO claims VALUES (?,?,?,?,?,?,?,NULL)",
-                (fence, message_id, mailbox_id, holder, now, lease_until, "claimed"),
-            )
-            tx.run("UPDATE mailboxes SET state = 'claimed' WHERE mailbox_id = ?", (mailbox_id,))
-            tx.event(mailbox_id, now, Status.CLAIMED, f"{message_id} fence {fence}")
-            return Outcome(
-                Status.CLAIMED, message_id, fence=fence, holder=holder, lease_until=lease_until
-            )
+            self._end_claim(tx, message_id, msg.fence, "expired", now)
+        lease_until = min(now + lease, opened.expires_at)
+        fence = tx.next_fence()
+        updated = tx.run(
+            "UPDATE messages SET state = 'claimed', fence = ?, holder = ?, lease_until = ?,"
+            " claimed_at = ? WHERE message_id = ? AND state = 'waiting'",
+            (fence, holder, lease_until, now, message_id),
+        ).rowcount
+        if updated != 1:  # pragma: no cover - the transaction makes this unreachable
+            return Outcome(Status.PROVIDER_ERROR, message_id, detail="lost update")
+        tx.run(
+            "INSERT INTO claims VALUES (?,?,?,?,?,?,?,NULL)",
+            (fence, message_id, mailbox_id, holder, now, lease_until, "claimed"),
+        )
+        tx.run("UPDATE mailboxes SET state = 'claimed' WHERE mailbox_id = ?", (mailbox_id,))
+        tx.event(mailbox_id, now, Status.CLAIMED, f"{message_id} fence {fence}")
+        return Outcome(
+            Status.CLAIMED, message_id, fence=fence, holder=holder, lease_until=lease_until
+        )
 
     def ack(self, message_id: str, fence: int) -> Outcome:
         """``claimed → consumed`` only for the current fence under a live lease."""
@@ -813,13 +876,8 @@ class Store:
         """
         with self._write() as tx:
             now = self.clock()
-            orphans = tx.all(
-                f"SELECT mailbox_id FROM mailboxes WHERE state IN ({_marks(ACTIVE)})", ACTIVE
-            )
-            tx.run(
-                f"UPDATE mailboxes SET expires_at = ? WHERE state IN ({_marks(ACTIVE)})",
-                (now, *ACTIVE),
-            )
+            orphans = tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {_OPEN}")
+            tx.run(f"UPDATE mailboxes SET expires_at = ? WHERE {_OPEN}", (now,))
             for row in orphans:
                 tx.event(row["mailbox_id"], now, "orphaned", "the run ended with the mailbox open")
             self._expire_mailboxes(tx, now)
@@ -846,9 +904,7 @@ class Store:
 
     def _expire_mailboxes(self, tx: _Tx, now: float) -> int:
         overdue = tx.all(
-            f"SELECT mailbox_id FROM mailboxes WHERE state IN ({_marks(ACTIVE)}) "
-            "AND expires_at <= ?",
-            (*ACTIVE, now),
+            f"SELECT mailbox_id FROM mailboxes WHERE {_OPEN} AND expires_at <= ?", (now,)
         )
         for row in overdue:
             mailbox_id = row["mailbox_id"]
@@ -861,21 +917,25 @@ class Store:
             tx.event(mailbox_id, now, Status.EXPIRED, CloseReason.EXPIRED_TIMEOUT.value)
         return len(overdue)
 
-    @staticmethod
-    def _mark(tx: _Tx, mailbox_id: str, status: Status, detail: str, now: float) -> None:
+    @classmethod
+    def _mark(cls, tx: _Tx, mailbox_id: str, status: Status, detail: str, now: float) -> None:
         if status in (Status.WAITING, Status.CLAIMED, Status.CONSUMED):
-            # States only move forward: a late "waiting" never hides a claim or an ack.
-            order = ("reserved", "waiting", "claimed", "consumed")
-            earlier = order[: order.index(status.value)]
-            tx.run(
-                f"UPDATE mailboxes SET state = ? WHERE mailbox_id = ? "
-                f"AND state IN ({_marks(earlier)})",
-                (status.value, mailbox_id, *earlier),
-            )
+            cls._advance(tx, mailbox_id, status)
         tx.event(mailbox_id, now, status, detail)
 
-    def _open_mailbox(self, tx: _Tx, mailbox_id: str, fence: int, now: float) -> Outcome | None:
-        """None if the mailbox is open under ``fence``; else why not (expiring it if due)."""
+    @staticmethod
+    def _advance(tx: _Tx, mailbox_id: str, status: Status) -> None:
+        """States only move forward: a late "waiting" never hides a claim or an ack."""
+        earlier = ACTIVE[: ACTIVE.index(status.value)]
+        tx.run(
+            f"UPDATE mailboxes SET state = ? WHERE mailbox_id = ? AND state IN ({_marks(earlier)})",
+            (status.value, mailbox_id, *earlier),
+        )
+
+    def _open_mailbox(
+        self, tx: _Tx, mailbox_id: str, fence: int, now: float
+    ) -> MailboxRow | Outcome:
+        """The mailbox, if it is open under ``fence``; else why not (expiring it if due)."""
         self._expire_mailboxes(tx, now)
         row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
         if row is None:
@@ -885,7 +945,7 @@ class Store:
             return Outcome(Status.FENCE_MISMATCH, fence=fence, detail="stale mailbox handle")
         if not found.active:
             return Outcome(Status(found.state), detail=found.close_reason or "")
-        return None
+        return found
 
     def _current_claim(self, tx: _Tx, message_id: str, fence: int, now: float) -> Outcome:
         """``claimed`` (with the mailbox id) if ``fence`` holds a live lease, else why not."""
@@ -1036,8 +1096,13 @@ class _Tx:
                 self.conn.execute(statement)
 
     def next_fence(self) -> int:
-        self.conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
-        row = self.conn.execute("SELECT value FROM counters WHERE name = 'fence'").fetchone()
+        if _RETURNING:
+            row = self.conn.execute(
+                "UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value"
+            ).fetchone()
+        else:  # pragma: no cover - SQLite before 3.35 (2021)
+            self.conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
+            row = self.conn.execute("SELECT value FROM counters WHERE name = 'fence'").fetchone()
         return int(row[0])
 
     def event(self, mailbox_id: str, at: float, status: Status | str, detail: str) -> None:
