@@ -396,6 +396,7 @@ SUITE_NAMES = {
 def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
     """Wall time of the generated suite with each receiving fixture."""
     kinds = ["bare", "mailbox"]
+    suites.precompile()
     if importlib.util.find_spec("smtpdfix") is not None:
         kinds.insert(1, "smtpdfix")
     paths = {kind: suites.generate(tmp / "suites", kind, plan.tests) for kind in kinds}
@@ -471,6 +472,7 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
 def bench_xdist(plan: Plan, tmp: Path, out: Results) -> None:
     """``-n 2`` against ``-n 0`` for the pytest-mailbox suite, and for the bare one."""
     kinds = ["bare", "mailbox"]
+    suites.precompile()
     walls: dict[tuple[str, int], list[float]] = {}
     paths = {kind: suites.generate(tmp / "xdist", kind, plan.tests) for kind in kinds}
     rounds = max(1, plan.rounds - 1)
