@@ -140,7 +140,9 @@ def precompile() -> None:
     The runs set ``PYTHONDONTWRITEBYTECODE`` so the generated suites leave nothing behind,
     and this checkout's editable install has no bytecode of its own: every run would
     otherwise compile pytest-mailbox's source again (about 50 ms a process), which a
-    ``pip install``ed plugin, compiled at install time, never does.
+    ``pip install``ed plugin, compiled at install time, never does. The bytecode goes
+    where any import would put it (``__pycache__``, ignored by git); a cache prefix
+    (``PYTHONPYCACHEPREFIX``) would not do: it would hide every installed package's own.
     """
     for folder in ("src", "benchmarks"):
         compileall.compile_dir(ROOT / folder, quiet=1)

@@ -498,3 +498,37 @@ def test_configuration_reference_is_current() -> None:
     start = text.index("-->\n", text.index("<!-- options-table")) + len("-->\n")
     end = text.index("<!-- /options-table -->")
     assert text[start:end].strip() == options_table()
+
+
+FREED_SUITE = """
+import gc
+import weakref
+
+import pytest
+
+seen = []
+
+
+def test_reads_its_mail(isolated_mailbox, send):
+    send(isolated_mailbox.address, body="Your code is 482913")
+    message = isolated_mailbox.wait_for(subject="Verify your account")
+    assert message.code() == "482913"  # parses the body: the mailbox now holds the parse
+    message.ack()
+    seen.append(weakref.ref(isolated_mailbox))
+
+
+def test_the_previous_mailbox_is_gone(isolated_mailbox):
+    gc.collect()
+    assert seen[0]() is None
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_finished_tests_mailbox_is_not_kept_for_the_rest_of_the_session(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """pytest keeps every item until the session ends; only the receipt may stay with it."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_freed=FREED_SUITE)
+    result = pytester.runpytest("-n", workers, "--dist", "loadfile")
+    result.assert_outcomes(passed=2)

@@ -7,16 +7,19 @@ is reached by moving the clock, never by sleeping.
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
 from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
 
+from pytest_mailbox import store as store_module
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
 from pytest_mailbox.errors import ContractError, MailboxClosed
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.store import Delivery, MailboxRow, MessageRow, Store
+from pytest_mailbox.store import _OPEN, Delivery, MailboxRow, MessageRow, Store
 
 
 def reserve(
@@ -471,6 +474,41 @@ def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
     assert store.history("mbx-unknown") == (None, [], [], [])
 
 
+def test_wait_for_one_match_in_an_overdue_mailbox_raises_mailbox_closed(
+    store: Store, clock: Clock
+) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    clock.advance(CONTRACT.ttl)  # overdue, and nothing has written since
+
+    with pytest.raises(MailboxClosed) as closed:
+        mailbox.wait_for(subject="Verify your account", timeout=0)
+
+    assert closed.value.status is Status.EXPIRED
+    assert closed.value.result["mailbox_id"] == mailbox.mailbox_id
+    assert [e["status"] for e in store.events(mailbox.mailbox_id)] == [
+        "reserved",
+        "received",
+        "expired",
+    ]
+
+
+def test_wait_for_one_match_with_a_stale_mailbox_handle_raises_fence_mismatch(
+    store: Store, clock: Clock
+) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    stale = Mailbox(
+        store, mailbox._row._replace(fence=mailbox.fence - 1), contract=CONTRACT, nodeid="t::x"
+    )
+
+    with pytest.raises(MailboxClosed) as closed:
+        stale.wait_for(subject="Verify your account", timeout=0)
+
+    assert closed.value.status is Status.FENCE_MISMATCH
+    assert store.messages(mailbox.mailbox_id)[0].state == "waiting"
+
+
 def test_mailbox_second_wait_does_not_reclaim_a_consumed_message(store: Store) -> None:
     mailbox = reserve_mailbox(store)
     message_id = deliver(store, mailbox)
@@ -563,6 +601,80 @@ def test_a_fresh_reservation_returns_the_row_it_stored(store: Store, db: Path) -
     assert created
     [stored] = rows(db, "SELECT * FROM mailboxes")
     assert tuple(row) == stored
+
+
+def test_the_expiry_sweep_reads_only_open_mailboxes_through_their_index(store: Store) -> None:
+    reserve(store)
+    plan = store._conn().execute(
+        f"EXPLAIN QUERY PLAN SELECT mailbox_id FROM mailboxes WHERE {_OPEN} AND expires_at <= ?",
+        (T0,),
+    )
+    assert [row[3] for row in plan] == ["SEARCH mailboxes USING INDEX mailboxes_due (expires_at<?)"]
+
+
+def test_fences_without_update_returning_still_only_grow(
+    store: Store, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "_RETURNING", False)  # SQLite before 3.35
+    first = reserve(store, run_id="run-a")
+    second = reserve(store, run_id="run-b")
+
+    assert second.fence == first.fence + 1 == fence_counter(db)
+
+
+OLD_SCHEMA = """
+CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT INTO counters VALUES ('fence', 0);
+CREATE TABLE mailboxes (mailbox_id TEXT PRIMARY KEY, run_id TEXT NOT NULL,
+    purpose TEXT NOT NULL, alias TEXT NOT NULL UNIQUE, domain TEXT NOT NULL,
+    owner TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,
+    fence INTEGER NOT NULL, state TEXT NOT NULL, close_reason TEXT, closed_at REAL);
+CREATE INDEX mailboxes_key ON mailboxes (run_id, purpose, state);
+CREATE INDEX mailboxes_expiry ON mailboxes (state, expires_at);
+CREATE TABLE events (event_id INTEGER PRIMARY KEY AUTOINCREMENT, mailbox_id TEXT NOT NULL,
+    at REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL);
+"""
+
+
+def test_a_store_file_from_the_previous_schema_keeps_working(db: Path, clock: Clock) -> None:
+    with closing(sqlite3.connect(db)) as conn:  # what 0.1.0.dev0 before this change wrote
+        conn.executescript(OLD_SCHEMA)
+    handle = Store(db, clock=clock)
+    try:
+        mailbox = Mailbox.reserve(handle, contract=CONTRACT, domain=DOMAIN)
+        again = Mailbox.reserve(handle, contract=CONTRACT, domain=DOMAIN, run_id=mailbox.run_id)
+        deliver(handle, mailbox)
+        mailbox.wait_for(subject="Verify your account").ack()
+        receipt = mailbox.close(success=True)
+    finally:
+        handle.close()
+
+    assert again.mailbox_id == mailbox.mailbox_id
+    assert [e.status for e in receipt.events] == [
+        "reserved",
+        "received",
+        "waiting",
+        "claimed",
+        "consumed",
+        "released",
+    ]
+    indexes = {name for (name,) in rows(db, "SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"mailboxes_run", "mailboxes_due"} <= indexes
+    assert not {"mailboxes_key", "mailboxes_expiry"} & indexes
+
+
+def test_a_failed_history_read_leaves_the_connection_out_of_its_transaction(
+    store: Store, db: Path
+) -> None:
+    mailbox = reserve(store)
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("ALTER TABLE secrets RENAME TO gone")  # the last read of history fails
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        store.history(mailbox.mailbox_id)
+
+    assert not store._conn().in_transaction
+    assert store.mailbox(mailbox.mailbox_id) is not None  # and the next read sees the store
 
 
 def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:

@@ -39,9 +39,11 @@ _RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 #: Mailbox states in which the reservation is still open.
 ACTIVE = ("reserved", "waiting", "claimed", "consumed")
-#: The same, as SQL with literal values: SQLite uses a partial index only for a query whose
-#: WHERE clause repeats the index's own (bound parameters would not do).
-_OPEN = f"state IN ({', '.join(repr(state) for state in ACTIVE)})"
+#: The same, as SQL: a reservation is closed (released or expired) exactly when it has a
+#: ``closed_at``. The partial index below repeats this clause, which SQLite needs to use it,
+#: and it reads no column that changes while the mailbox is open: the steps of a test
+#: (waiting, claimed, consumed) rewrite no index page.
+_OPEN = "closed_at IS NULL"
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -60,12 +62,13 @@ CREATE TABLE IF NOT EXISTS mailboxes (
     close_reason TEXT,
     closed_at REAL
 );
--- Neither index holds a mailbox's state while it is open, so the steps of a test
--- (waiting, claimed, consumed) rewrite no index page of this table.
+-- No index holds the state: the steps of a test (waiting, claimed, consumed) rewrite
+-- no index page of this table. (A store from an earlier version loses its old ones.)
+DROP INDEX IF EXISTS mailboxes_key;
+DROP INDEX IF EXISTS mailboxes_expiry;
 CREATE INDEX IF NOT EXISTS mailboxes_run ON mailboxes (run_id, purpose);
 -- Every write looks for overdue open mailboxes: only the open ones are in this index.
-CREATE INDEX IF NOT EXISTS mailboxes_open ON mailboxes (expires_at)
-    WHERE {_OPEN};
+CREATE INDEX IF NOT EXISTS mailboxes_due ON mailboxes (expires_at) WHERE {_OPEN};
 CREATE TABLE IF NOT EXISTS bodies (
     body_id INTEGER PRIMARY KEY,
     raw BLOB NOT NULL
@@ -348,6 +351,20 @@ class Store:
             raise
         self._bound_wal(conn, patience=TRUNCATE_PATIENCE if wait else 0.0)
 
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction on this thread's reader connection: every statement in it
+        sees the same snapshot. However it ends, the connection is left out of it (a
+        reader stuck in a transaction would see that snapshot for ever)."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN")
+            yield conn
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
     def _bound_wal(self, conn: sqlite3.Connection, *, patience: float) -> None:
         """Checkpoint and truncate the log once it passes ``wal_limit``.
 
@@ -430,15 +447,15 @@ class Store:
                 return _mailbox(row), False
             mailbox_id = f"mbx-{secrets.token_hex(6)}"
             alias = f"{purpose}-{secrets.token_hex(5)}"
-            created = MailboxRow(
+            created = MailboxRow(  # as a read would give it: REAL columns come back as floats
                 mailbox_id=mailbox_id,
                 run_id=run_id,
                 purpose=purpose,
                 alias=alias,
                 domain=domain,
                 owner=owner,
-                created_at=now,
-                expires_at=now + ttl,
+                created_at=float(now),
+                expires_at=float(now + ttl),
                 fence=tx.next_fence(),
                 state=Status.RESERVED.value,
                 close_reason=None,
@@ -704,9 +721,7 @@ class Store:
     def history(self, mailbox_id: str) -> History:
         """The mailbox, its messages, its timeline and its secrets' digests, as of one moment:
         a mail that lands meanwhile is in all of them or in none."""
-        conn = self._conn()
-        conn.execute("BEGIN")
-        try:
+        with self._read() as conn:
             row = conn.execute(
                 "SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
             ).fetchone()
@@ -720,8 +735,6 @@ class Store:
             secrets = conn.execute(
                 "SELECT * FROM secrets WHERE mailbox_id = ?", (mailbox_id,)
             ).fetchall()
-        finally:
-            conn.execute("COMMIT")
         return History(
             None if row is None else _mailbox(row), [_message(m) for m in messages], events, secrets
         )
@@ -1100,7 +1113,7 @@ class _Tx:
             row = self.conn.execute(
                 "UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value"
             ).fetchone()
-        else:  # pragma: no cover - SQLite before 3.35 (2021)
+        else:  # SQLite before 3.35 (2021)
             self.conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'fence'")
             row = self.conn.execute("SELECT value FROM counters WHERE name = 'fence'").fetchone()
         return int(row[0])
