@@ -36,7 +36,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import suites
+from benchmarks import phases, suites
 from benchmarks.clients import role_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -436,6 +436,33 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
                 ratio=ratio(wall, base),
                 baseline="bare list sink",
                 detail=detail,
+            )
+        )
+    # Where a test's time goes: one more, instrumented run of each suite (not timed above).
+    split = {
+        kind: suites.phases(paths[kind], kind, plan.tests, tmp / f"phases-{kind}.json")
+        for kind in kinds
+    }
+
+    def spent(kind: str, key: str) -> float:
+        return sum(split[kind][phase][key] for phase in phases.PHASES if phase in split[kind])
+
+    for kind in kinds:
+        detail = "; ".join(
+            f"{phase} {split[kind][phase]['wall_ms']:.2f} ms "
+            f"({split[kind][phase]['wall_ms'] - split['bare'][phase]['wall_ms']:+.2f})"
+            for phase in phases.PHASES
+        )
+        out.rows.append(
+            Row(
+                "Per-test cost",
+                f"time in setup + call + teardown: {SUITE_NAMES[kind]}",
+                "ms",
+                spent(kind, "wall_ms"),
+                ratio=ratio(spent(kind, "wall_ms"), spent("bare", "wall_ms")),
+                baseline="bare list sink",
+                detail=f"{detail} (vs bare); CPU of the test's thread "
+                f"{spent(kind, 'cpu_ms'):.2f} ms; one instrumented run",
             )
         )
     mine = median(walls["mailbox"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import compileall
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -148,6 +149,13 @@ def precompile() -> None:
         compileall.compile_dir(ROOT / folder, quiet=1)
 
 
+def phases(path: Path, kind: str, count: int, out: Path) -> dict[str, dict[str, float]]:
+    """One more run of the suite, instrumented: {phase: {wall_ms, cpu_ms, tests}}."""
+    run(path, kind, count, phases=out)
+    result: dict[str, dict[str, float]] = json.loads(out.read_text(encoding="utf-8"))
+    return result
+
+
 def unrelated() -> list[str]:
     """The installed pytest plugins no suite uses (pytest-cov, hypothesis, anyio, …)."""
     names = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
@@ -167,15 +175,25 @@ def command(kind: str, workers: int | None) -> list[str]:
     return [*args, "--basetemp", "basetemp"]
 
 
-def run(path: Path, kind: str, count: int, workers: int | None = None) -> float:
-    """Run the suite once; the wall time in seconds of the whole ``pytest`` process."""
+def run(
+    path: Path, kind: str, count: int, workers: int | None = None, phases: Path | None = None
+) -> float:
+    """Run the suite once; the wall time in seconds of the whole ``pytest`` process.
+
+    ``phases`` also loads ``benchmarks.phases``, which writes the suite's time per test in
+    setup, call and teardown to that file.
+    """
+    extra = {} if phases is None else {"BENCH_PHASES": str(phases)}
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)},
         "PYTHONPATH": str(ROOT),
         "SMTPD_HOST": "127.0.0.1",  # smtpdfix: loopback only (its default is "localhost")
         "PYTHONDONTWRITEBYTECODE": "1",
+        **extra,
     }
     argv = command(kind, workers)
+    if phases is not None:
+        argv[4:4] = ["-p", "benchmarks.phases"]
     start = time.perf_counter()
     done = subprocess.run(
         argv, cwd=path, env=env, capture_output=True, text=True, timeout=1800, check=False
