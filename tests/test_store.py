@@ -677,6 +677,28 @@ def test_a_failed_history_read_leaves_the_connection_out_of_its_transaction(
     assert store.mailbox(mailbox.mailbox_id) is not None  # and the next read sees the store
 
 
+def test_closing_one_tests_orphans_leaves_every_other_mailbox_open(store: Store, db: Path) -> None:
+    crashed, _ = store.reserve(
+        run_id="run-1", purpose="verify", ttl=100, domain=DOMAIN, owner="t.py::test_crashed"
+    )
+    other, _ = store.reserve(
+        run_id="run-2", purpose="verify", ttl=100, domain=DOMAIN, owner="t.py::test_other"
+    )
+
+    closed = store.close_orphans(owner="t.py::test_crashed", detail="worker gw1 crashed")
+
+    assert closed == [crashed.mailbox_id]
+    assert rows(db, "SELECT mailbox_id, state FROM mailboxes ORDER BY owner") == [
+        (crashed.mailbox_id, "expired"),
+        (other.mailbox_id, "reserved"),
+    ]
+    assert [(e["status"], e["detail"]) for e in store.events(crashed.mailbox_id)][1:] == [
+        ("orphaned", "worker gw1 crashed"),
+        ("expired", "expired_timeout"),
+    ]
+    assert store.close_orphans(owner="t.py::test_crashed") == []  # nothing open is left
+
+
 def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:
     """Waiting for the write lock must not stretch a lease: 'now' is taken under the lock."""
     inside: list[bool] = []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_mailbox.contract import Receipt
 from pytest_mailbox.plugin import STORE_NAME
 
 SEND_CONFTEST = """
@@ -271,15 +272,38 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
             isolated_mailbox.wait_for().ack()
         """
     )
-    result = pytester.runpytest("-n", "2")
+    result = pytester.runpytest(
+        "-n", "2", "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
+    )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*crashed*",
+            # the crash report shows the mailbox's timeline, as a failing test's does
+            "*- mailbox -*",
+            "*orphaned*worker gw* crashed while running the test",
+            "*expired*expired_timeout",
             "mailbox: 2 reserved, 2 received, 2 claimed, 1 consumed, 2 expired, 0 unrouted",
         ]
     )
     assert "database is locked" not in result.stdout.str()
+    # Its receipt is in the JUnit XML and the JSON Lines file, like every other test's.
+    crashed = [
+        Receipt.model_validate_json(p.get("value", ""))
+        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+        if case.get("name") == "test_crashes_holding_a_claim"
+        for p in case.iter("property")
+        if p.get("name") == "mailbox.receipt"
+    ]
+    assert [(r.state, r.close_reason) for r in crashed] == [("expired", "expired_timeout")]
+    assert [m.state for m in crashed[0].messages] == ["waiting"]
+    assert [e.status for e in crashed[0].events][-2:] == ["orphaned", "expired"]
+    assert crashed[0].testrun_uid
+    lines = (pytester.path / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
+    assert sorted(Receipt.model_validate_json(line).state for line in lines) == [
+        "expired",
+        "released",
+    ]
     with _store(pytester) as db:
         states = db.execute(
             "SELECT m.state, m.close_reason, g.state FROM mailboxes m "

@@ -9,6 +9,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
 from pydantic import ValidationError
 
 from pytest_mailbox.contract import (
@@ -79,6 +80,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
     if config.pluginmanager.hasplugin("html") and not _is_worker(config):
         config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
+    if config.pluginmanager.hasplugin("xdist") and not _is_worker(config):
+        config.pluginmanager.register(_CrashReceipts(config), "mailbox-crashes")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -342,7 +345,7 @@ class _ReceiptWriter:
         self.stream = path.open("w", encoding="utf-8")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "teardown":
+        if report.when not in ("teardown", "???"):  # "???": xdist's report of a crash
             return
         for name, value in report.user_properties:
             if name == RECEIPT_PROPERTY:
@@ -351,6 +354,54 @@ class _ReceiptWriter:
 
     def pytest_unconfigure(self) -> None:
         self.stream.close()
+
+
+class _CrashReceipts:
+    """xdist's controller: a worker died inside a test, which never reached its teardown.
+
+    The test's open mailboxes are closed at once (``orphaned``, then ``expired``: what the
+    end of the run would do to them, only sooner) and their receipts go into the crash
+    report, as a passing teardown would have put them: a property (JUnit XML too), the
+    JSON Lines file, and a ``mailbox`` section with the timeline.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(
+        self, crashitem: str, report: pytest.TestReport, sched: object
+    ) -> None:
+        config = self.config
+        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
+        path = store_path(config, factory)
+        if not path.exists():
+            return
+        gateway = getattr(getattr(report, "node", None), "gateway", None)
+        worker = getattr(gateway, "id", "a worker")
+        store = Store(path)
+        try:
+            closed = store.close_orphans(
+                owner=crashitem, detail=f"worker {worker} crashed while running the test"
+            )
+            rows = [store.mailbox(mailbox_id) for mailbox_id in closed]
+            contract = config.stash[_settings_key].contract
+            receipts = [
+                Mailbox(store, row, contract=contract, nodeid=crashitem)
+                .receipt()
+                .model_copy(update={"testrun_uid": config.stash[_testrun_key]})
+                for row in rows
+                if row is not None
+            ]
+        finally:
+            store.close()
+        junit = config.stash.get(junitxml.xml_key, None)  # properties only at teardown
+        for receipt in receipts:
+            value = _dump_receipt(receipt)
+            report.user_properties.append((RECEIPT_PROPERTY, value))
+            report.sections.append(("mailbox", receipt.timeline()))
+            if junit is not None:
+                junit.node_reporter(report).add_property(RECEIPT_PROPERTY, value)
 
 
 def pytest_terminal_summary(

@@ -881,20 +881,27 @@ class Store:
                 leases += 1
         return {"mailboxes": mailboxes, "leases": leases}
 
-    def close_orphans(self) -> int:
-        """At the very end of a run: expire every mailbox still open (its worker died).
+    def close_orphans(
+        self, *, owner: str | None = None, detail: str = "the run ended with the mailbox open"
+    ) -> list[str]:
+        """Expire every mailbox still open, or ``owner``'s only; the ids of those it closed.
 
         Only the process that outlives every test (the xdist controller, or the single
-        process) calls this, when no test can still hold a mailbox.
+        process) calls this: at the very end of a run, when no test can still hold a
+        mailbox, or for one test whose worker died while it ran.
         """
+        where, params = (_OPEN, ()) if owner is None else (f"{_OPEN} AND owner = ?", (owner,))
         with self._write() as tx:
             now = self.clock()
-            orphans = tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {_OPEN}")
-            tx.run(f"UPDATE mailboxes SET expires_at = ? WHERE {_OPEN}", (now,))
-            for row in orphans:
-                tx.event(row["mailbox_id"], now, "orphaned", "the run ended with the mailbox open")
+            orphans = [
+                str(row[0])
+                for row in tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {where}", params)
+            ]
+            tx.run(f"UPDATE mailboxes SET expires_at = ? WHERE {where}", (now, *params))
+            for mailbox_id in orphans:
+                tx.event(mailbox_id, now, "orphaned", detail)
             self._expire_mailboxes(tx, now)
-        return len(orphans)
+        return orphans
 
     def stats(self) -> dict[str, int]:
         """Counts for the terminal summary."""
