@@ -2,7 +2,9 @@
 
 ``benchmarks/suites.py`` loads it (``-p benchmarks.phases``) in one extra, untimed run of
 each suite, with ``BENCH_PHASES`` naming a file; at the end it writes there, as JSON, the
-mean wall time and the mean CPU time of the test's thread per test, for each phase.
+mean wall time and the mean CPU time of the test's thread per test spent inside pytest's
+``pytest_runtest_setup``, ``_call`` and ``_teardown`` hooks (reporting between them, and
+other threads such as the sink's, are not counted).
 """
 
 from __future__ import annotations

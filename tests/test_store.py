@@ -699,6 +699,29 @@ def test_closing_one_tests_orphans_leaves_every_other_mailbox_open(store: Store,
     assert store.close_orphans(owner="t.py::test_crashed") == []  # nothing open is left
 
 
+def test_a_crash_closes_the_test_only_in_the_worker_that_crashed(db: Path, clock: Clock) -> None:
+    """--dist each runs one test in every worker at once: gw1 dying must not end gw0's."""
+    handles = {name: Store(db, clock=clock, worker=name) for name in ("gw0", "gw1")}
+    try:
+        mine = {
+            name: handle.reserve(
+                run_id=f"run-{name}", purpose="verify", ttl=100, domain=DOMAIN, owner="t::x"
+            )[0]
+            for name, handle in handles.items()
+        }
+        closed = handles["gw0"].close_orphans(owner="t::x", worker="gw1")
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+    assert closed == [mine["gw1"].mailbox_id]
+    assert (mine["gw0"].worker, mine["gw1"].worker) == ("gw0", "gw1")
+    assert rows(db, "SELECT worker, state FROM mailboxes ORDER BY worker") == [
+        ("gw0", "reserved"),
+        ("gw1", "expired"),
+    ]
+
+
 def test_write_paths_read_the_clock_inside_their_transaction(db: Path) -> None:
     """Waiting for the write lock must not stretch a lease: 'now' is taken under the lock."""
     inside: list[bool] = []

@@ -298,7 +298,14 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     assert [(r.state, r.close_reason) for r in crashed] == [("expired", "expired_timeout")]
     assert [m.state for m in crashed[0].messages] == ["waiting"]
     assert [e.status for e in crashed[0].events][-2:] == ["orphaned", "expired"]
-    assert crashed[0].testrun_uid
+    # the same run id as every other receipt of the run (xdist's testrunuid)
+    uids = {
+        Receipt.model_validate_json(p.get("value", "")).testrun_uid
+        for p in ET.parse(pytester.path / "junit.xml").getroot().iter("property")
+        if p.get("name") == "mailbox.receipt"
+    }
+    assert len(uids) == 1
+    assert None not in uids
     lines = (pytester.path / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
     assert sorted(Receipt.model_validate_json(line).state for line in lines) == [
         "expired",
@@ -310,6 +317,13 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
             "JOIN messages g ON g.mailbox_id = m.mailbox_id WHERE m.owner LIKE '%crashes%'"
         ).fetchall()
         claims = db.execute("SELECT state FROM claims ORDER BY fence").fetchall()
+        [(worker, detail)] = db.execute(
+            "SELECT m.worker, e.detail FROM mailboxes m JOIN events e USING (mailbox_id) "
+            "WHERE m.owner LIKE '%crashes%' AND e.status = 'orphaned'"
+        ).fetchall()
+    # only the crashed worker's reservation of that test was closed, naming the worker
+    assert detail == f"worker {worker} crashed while running the test"
+    assert worker in ("gw0", "gw1")
     # the orphaned mailbox expired; its claim ended and the message is claimable again
     assert states == [("expired", "expired_timeout", "waiting")]
     assert sorted(c[0] for c in claims) == ["consumed", "expired"]

@@ -246,7 +246,7 @@ class _Fixtures:
         factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
         path = store_path(config, factory)
         config.stash[_store_path_key] = path
-        store = Store(path)
+        store = Store(path, worker=_worker_name(config))
         store.reconcile()
         yield store
         store.reconcile()
@@ -377,19 +377,23 @@ class _CrashReceipts:
         path = store_path(config, factory)
         if not path.exists():
             return
-        gateway = getattr(getattr(report, "node", None), "gateway", None)
-        worker = getattr(gateway, "id", "a worker")
+        node = getattr(report, "node", None)
+        worker = str(getattr(getattr(node, "gateway", None), "id", ""))
+        workerinput: dict[str, str] = getattr(node, "workerinput", {})
+        testrun_uid = workerinput.get("testrunuid") or config.stash[_testrun_key]
         store = Store(path)
         try:
             closed = store.close_orphans(
-                owner=crashitem, detail=f"worker {worker} crashed while running the test"
+                owner=crashitem,
+                worker=worker,
+                detail=f"worker {worker} crashed while running the test",
             )
             rows = [store.mailbox(mailbox_id) for mailbox_id in closed]
             contract = config.stash[_settings_key].contract
             receipts = [
                 Mailbox(store, row, contract=contract, nodeid=crashitem)
                 .receipt()
-                .model_copy(update={"testrun_uid": config.stash[_testrun_key]})
+                .model_copy(update={"testrun_uid": testrun_uid})
                 for row in rows
                 if row is not None
             ]

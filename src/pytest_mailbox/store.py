@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS mailboxes (
     fence INTEGER NOT NULL,
     state TEXT NOT NULL,
     close_reason TEXT,
-    closed_at REAL
+    closed_at REAL,
+    worker TEXT NOT NULL DEFAULT ''  -- the process that reserved it (xdist's gw0, gw1, …)
 );
 -- No index holds the state: the steps of a test (waiting, claimed, consumed) rewrite
 -- no index page of this table. (A store from an earlier version loses its old ones.)
@@ -176,6 +177,7 @@ class MailboxRow(NamedTuple):
     state: str
     close_reason: str | None
     closed_at: float | None
+    worker: str = ""
 
     @property
     def address(self) -> str:
@@ -279,8 +281,10 @@ class Store:
         clock: Clock = time.time,
         busy_timeout: float = 60.0,
         wal_limit: int = WAL_LIMIT,
+        worker: str = "",
     ):
         self.path = Path(path)
+        self.worker = worker  # recorded with every mailbox this handle reserves
         self.clock = clock
         self._busy_timeout = busy_timeout
         self.wal_limit = wal_limit
@@ -296,6 +300,9 @@ class Store:
             conn.execute("PRAGMA journal_mode=WAL")
             with self._write() as tx:
                 tx.executescript_in_tx(_SCHEMA)
+                columns = {row[1] for row in tx.all("PRAGMA table_info(mailboxes)")}
+                if "worker" not in columns:  # a store file from an earlier version
+                    tx.run("ALTER TABLE mailboxes ADD COLUMN worker TEXT NOT NULL DEFAULT ''")
 
     # -- connections and transactions -------------------------------------------------
 
@@ -460,6 +467,7 @@ class Store:
                 state=Status.RESERVED.value,
                 close_reason=None,
                 closed_at=None,
+                worker=self.worker,
             )
             tx.run(f"INSERT INTO mailboxes VALUES ({_marks(created)})", created)
             tx.event(mailbox_id, now, Status.RESERVED, f"{created.address} fence {created.fence}")
@@ -882,15 +890,24 @@ class Store:
         return {"mailboxes": mailboxes, "leases": leases}
 
     def close_orphans(
-        self, *, owner: str | None = None, detail: str = "the run ended with the mailbox open"
+        self,
+        *,
+        owner: str | None = None,
+        worker: str = "",
+        detail: str = "the run ended with the mailbox open",
     ) -> list[str]:
-        """Expire every mailbox still open, or ``owner``'s only; the ids of those it closed.
+        """Expire every mailbox still open, or only those ``owner`` reserved in ``worker``;
+        the ids of those it closed.
 
         Only the process that outlives every test (the xdist controller, or the single
         process) calls this: at the very end of a run, when no test can still hold a
-        mailbox, or for one test whose worker died while it ran.
+        mailbox, or for one test whose worker died while it ran (the same test may be
+        running in another worker, under ``--dist each``).
         """
-        where, params = (_OPEN, ()) if owner is None else (f"{_OPEN} AND owner = ?", (owner,))
+        where: str = _OPEN
+        params: tuple[str, ...] = ()
+        if owner is not None:
+            where, params = f"{_OPEN} AND owner = ? AND worker = ?", (owner, worker)
         with self._write() as tx:
             now = self.clock()
             orphans = [
