@@ -27,7 +27,12 @@ class Clock:
 
 
 def claim(
-    store: Store, mailbox: MailboxRow, message_id: str, holder: str = "run-1", lease: float = 30
+    store: Store,
+    mailbox: MailboxRow,
+    message_id: str,
+    holder: str = "run-1",
+    lease: float = 30,
+    waiting: str | None = None,
 ) -> Outcome:
     return store.claim(
         mailbox_id=mailbox.mailbox_id,
@@ -35,6 +40,7 @@ def claim(
         message_id=message_id,
         holder=holder,
         lease=lease,
+        waiting=waiting,
     )
 
 

@@ -555,14 +555,7 @@ def test_a_claim_that_records_the_wait_leaves_waiting_then_claimed_in_order(
     mailbox = reserve(store)
     message_id = deliver(store, mailbox)
 
-    taken = store.claim(
-        mailbox_id=mailbox.mailbox_id,
-        mailbox_fence=mailbox.fence,
-        message_id=message_id,
-        holder="run-1",
-        lease=30,
-        waiting="subject='Verify your account'",
-    )
+    taken = claim(store, mailbox, message_id, waiting="subject='Verify your account'")
 
     assert taken.status is Status.CLAIMED
     assert rows(db, "SELECT state FROM mailboxes") == [("claimed",)]
@@ -576,14 +569,7 @@ def test_a_refused_claim_that_records_the_wait_leaves_the_mailbox_waiting(
     other = reserve(store, run_id="run-2")
     theirs = deliver(store, other)
 
-    refused = store.claim(
-        mailbox_id=mine.mailbox_id,
-        mailbox_fence=mine.fence,
-        message_id=theirs,
-        holder="run-1",
-        lease=30,
-        waiting="subject='Verify your account'",
-    )
+    refused = claim(store, mine, theirs, waiting="subject='Verify your account'")
 
     assert refused.status is Status.POLICY_DENIED
     # The wait goes on: the state says so, and the timeline has the step.

@@ -622,10 +622,6 @@ class Mailbox:
         """The secret-free record of this run so far."""
         history = self.store.history(self.mailbox_id)
         row = history.mailbox or self._row
-        if row.active and row.expires_at <= self.store.clock():  # overdue: reconcile first
-            self.store.reconcile()
-            history = self.store.history(self.mailbox_id)
-            row = history.mailbox or self._row
         found = history.secrets
         digests = {s["sha256"] for s in found}
         messages = [

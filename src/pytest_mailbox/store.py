@@ -359,14 +359,14 @@ class Store:
         self._bound_wal(conn, patience=TRUNCATE_PATIENCE if wait else 0.0)
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[None]:
         """One read transaction on this thread's reader connection: every statement in it
         sees the same snapshot. However it ends, the connection is left out of it (a
         reader stuck in a transaction would see that snapshot for ever)."""
         conn = self._conn()
         try:
             conn.execute("BEGIN")
-            yield conn
+            yield
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:
@@ -475,18 +475,23 @@ class Store:
 
     def mailbox(self, mailbox_id: str) -> MailboxRow | None:
         """The mailbox row, reconciled first if it has expired."""
+        found = self._mailbox_row(mailbox_id)
+        if self._overdue(found):
+            self.reconcile()
+            return self.mailbox(mailbox_id)
+        return found
+
+    def _mailbox_row(self, mailbox_id: str) -> MailboxRow | None:
         row = (
             self._conn()
             .execute("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
             .fetchone()
         )
-        if row is None:
-            return None
-        found = _mailbox(row)
-        if found.active and found.expires_at <= self.clock():
-            self.reconcile()
-            return self.mailbox(mailbox_id)
-        return found
+        return None if row is None else _mailbox(row)
+
+    def _overdue(self, row: MailboxRow | None) -> bool:
+        """Still marked open, though its time is up: no write has reconciled it yet."""
+        return row is not None and row.active and row.expires_at <= self.clock()
 
     def mark(self, mailbox_id: str, fence: int, status: Status, detail: str = "") -> Outcome | None:
         """Record a step of an open mailbox's life (``waiting`` and the like).
@@ -727,25 +732,20 @@ class Store:
         )
 
     def history(self, mailbox_id: str) -> History:
-        """The mailbox, its messages, its timeline and its secrets' digests, as of one moment:
-        a mail that lands meanwhile is in all of them or in none."""
-        with self._read() as conn:
-            row = conn.execute(
-                "SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,)
-            ).fetchone()
-            messages = conn.execute(
-                "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq", (mailbox_id,)
-            ).fetchall()
-            events = conn.execute(
-                "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id",
-                (mailbox_id,),
-            ).fetchall()
-            secrets = conn.execute(
-                "SELECT * FROM secrets WHERE mailbox_id = ?", (mailbox_id,)
-            ).fetchall()
-        return History(
-            None if row is None else _mailbox(row), [_message(m) for m in messages], events, secrets
-        )
+        """The mailbox, its messages, its timeline and its secrets' digests, as of one moment
+        (a mail that lands meanwhile is in all of them or in none); reconciled first if the
+        mailbox has expired, as ``mailbox`` is."""
+        with self._read():  # the reads below use this thread's reader connection
+            found = History(
+                self._mailbox_row(mailbox_id),
+                self.messages(mailbox_id),
+                self.events(mailbox_id),
+                self.secrets(mailbox_id),
+            )
+        if self._overdue(found.mailbox):
+            self.reconcile()
+            return self.history(mailbox_id)
+        return found
 
     # -- claims ------------------------------------------------------------------------
 
