@@ -8,23 +8,27 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import inspect
 import logging
 import smtplib
 import socket
 import sqlite3
 import struct
 import tracemalloc
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiosmtpd
 import pytest
-from aiosmtpd.smtp import SMTP
+from aiosmtpd.smtp import SMTP, _AuthMechAttr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pytest_mailbox.sink as sink_module
 from pytest_mailbox import ContractError, EmailContract, Mailbox, Message
-from pytest_mailbox.sink import MailSink, _Protocol, is_loopback, normalize_domain
+from pytest_mailbox.sink import MailSink, _Handler, _Protocol, is_loopback, normalize_domain
 from pytest_mailbox.store import Delivery, MessageRow, Store
 
 DOMAIN = "mailbox.test"
@@ -424,6 +428,77 @@ def test_the_sinks_address_fast_path_agrees_with_aiosmtpd(arg: str, limit: int) 
             return type(exc)
 
     assert outcome(protocol._getaddr) == outcome(lambda a: SMTP._getaddr(protocol, a))
+
+
+def _state(protocol: _Protocol) -> dict[str, object]:
+    """A protocol's attributes, comparable across two instances: bound methods by function
+    and by whom they are bound to, per-connection objects (reader, futures) by type."""
+    handler = protocol.event_handler
+
+    def shown(value: object) -> object:
+        if inspect.ismethod(value):
+            owner = {id(protocol): "protocol", id(handler): "handler"}.get(id(value.__self__))
+            return ("method", value.__func__, owner or value.__self__)
+        if isinstance(value, _AuthMechAttr):
+            return ("auth", shown(value.method), value.is_builtin)
+        if isinstance(value, dict):
+            return [(key, shown(item)) for key, item in value.items()]  # order too
+        if isinstance(value, (asyncio.StreamReader, asyncio.Future, weakref.ref, _Handler)):
+            return type(value)
+        return value
+
+    state = {name: shown(value) for name, value in vars(protocol).items()}
+    limits = protocol.command_size_limits
+    state["command_size_limits"] = (dict(limits), limits.default_factory is not None)
+    return state
+
+
+def test_the_sinks_protocol_is_set_up_as_aiosmtpd_would(tmp_path: Path) -> None:
+    """``_Protocol._setup`` skips aiosmtpd's per-connection introspection; it must leave
+    every attribute as ``SMTP.__init__`` would, or the versions it claims to match are wrong."""
+    loop = asyncio.new_event_loop()
+    try:
+        sink = MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN])
+        options: dict[str, Any] = {
+            "hostname": "sink.test",
+            "ident": "pytest-mailbox",
+            "data_size_limit": 1000,
+            "enable_SMTPUTF8": True,
+            "timeout": 30.0,
+            "loop": loop,
+        }
+        assert aiosmtpd.__version__ in sink_module._SETUP_CHECKED
+        fast = _Protocol(sink, **options)
+        slow = _Protocol(sink, fast=False, **options)
+
+        assert _state(fast) == _state(slow)
+        assert fast._smtp_methods.keys() >= {"EHLO", "MAIL", "RCPT", "DATA", "GET"}
+        assert fast._handle_hooks.keys() == {"MAIL", "RCPT", "DATA", "exception"}
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked-version", "other-version"])
+def test_the_sink_takes_aiosmtpds_own_setup_on_a_version_not_checked(
+    make_sink: Callable[..., MailSink],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    checked: bool,
+) -> None:
+    if not checked:
+        monkeypatch.setattr(sink_module, "_SETUP_CHECKED", ())
+    sink = make_sink()
+    box = reserve(sink)
+    with (
+        caplog.at_level(logging.INFO, logger="mail.log"),
+        smtplib.SMTP(sink.host, sink.port, local_hostname="client.test") as smtp,
+    ):
+        smtp.sendmail("app@example.test", [box.address], b"Subject: setup\r\n\r\nhi\r\n")
+
+    assert box.wait_for(subject="setup", timeout=SAFETY).text.strip() == "hi"
+    # aiosmtpd's own __init__ logs the AUTH mechanisms of every connection; _setup does not.
+    listed = [r for r in caplog.records if r.getMessage().startswith("Available AUTH")]
+    assert bool(listed) is not checked
 
 
 # -- recipients -------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, AnyStr, TypeVar
+from typing import Any, AnyStr, ClassVar, TypeVar
 
-from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
+import aiosmtpd
+from aiosmtpd.smtp import SMTP, Envelope, Session, _AuthMechAttr, login_always_fail, syntax
 
 from pytest_mailbox.message import index
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
@@ -237,6 +238,12 @@ class _Handler:
         return "451 4.3.0 Internal error in the test mail sink"
 
 
+#: aiosmtpd versions whose ``SMTP.__init__`` ``_Protocol._setup`` is checked to reproduce
+#: (tests/test_sink_protocol.py compares the two attribute by attribute); any other
+#: version gets aiosmtpd's own.
+_SETUP_CHECKED = ("1.4.6",)
+
+
 class _Protocol(SMTP):
     """aiosmtpd's SMTP protocol with the sink's limits, tracked so ``stop()`` can close it.
 
@@ -245,11 +252,96 @@ class _Protocol(SMTP):
     no PIPELINING: early talkers, blind senders) is answered and disconnected.
     """
 
-    def __init__(self, sink: MailSink, **kwargs: Any) -> None:
+    #: Per class: the names ``SMTP.__init__`` finds with ``inspect.getmembers`` and ``dir``.
+    _names: ClassVar[dict[tuple[type, str], tuple[str, ...]]] = {}
+
+    def __init__(self, sink: MailSink, *, fast: bool = True, **kwargs: Any) -> None:
         # aiosmtpd keeps these limits on the class and every EHLO adds to them: keep our own.
         self.command_size_limits = collections.defaultdict(lambda: SMTP.command_size_limit)
-        super().__init__(_Handler(sink), **kwargs)
+        if fast and aiosmtpd.__version__ in _SETUP_CHECKED:
+            self._setup(_Handler(sink), **kwargs)
+        else:
+            super().__init__(_Handler(sink), **kwargs)
         self._sink = sink
+
+    def _setup(
+        self,
+        handler: _Handler,
+        *,
+        hostname: str,
+        ident: str,
+        data_size_limit: int,
+        enable_SMTPUTF8: bool,  # noqa: N803 - aiosmtpd's name
+        timeout: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """What ``SMTP.__init__`` does for the sink's settings, without its introspection.
+
+        aiosmtpd looks up the protocol's and the handler's ``auth_``, ``handle_`` and
+        ``smtp_`` methods with ``inspect.getmembers`` and ``dir`` for every connection:
+        about 150 µs of the 210 µs a connection's protocol costs here, paid by every app
+        that opens a connection per mail. The names depend only on the classes, so they
+        are found once per class; the methods are bound per connection as aiosmtpd binds
+        them. Settings the sink never uses (TLS, AUTH, call limits, PROXY) take
+        aiosmtpd's defaults; aiosmtpd's one INFO line per connection listing the AUTH
+        mechanisms is not written.
+        """
+        self.__ident__ = ident
+        self.loop = loop
+        asyncio.StreamReaderProtocol.__init__(
+            self,
+            asyncio.StreamReader(loop=loop, limit=self.line_length_limit),
+            client_connected_cb=self._cb_client_connected,
+            loop=loop,
+        )
+        self.event_handler = handler
+        self.data_size_limit = data_size_limit
+        self.enable_SMTPUTF8 = enable_SMTPUTF8
+        self._decode_data = False
+        self.command_size_limits.clear()
+        self.hostname = hostname
+        self.tls_context = None
+        self.require_starttls = None
+        self._timeout_duration = timeout
+        self._timeout_handle = None
+        self._tls_handshake_okay = True
+        self._tls_protocol = None
+        self._original_transport = None
+        self.session = None
+        self.envelope = None
+        self.transport = None
+        self._handler_coroutine = None
+        self._auth_require_tls = True
+        self._proxy_timeout = None
+        self._authenticator = None
+        self._auth_callback = login_always_fail
+        self._auth_required = False
+        self._auth_methods = {}
+        for owner in (self, handler):
+            for name in self._named(type(owner), "auth_"):
+                method = getattr(owner, name)
+                mechanism = name.replace("auth_", "").replace("__", "-")
+                mechanism = getattr(method, "__auth_mechanism_name__", mechanism)
+                self._auth_methods[mechanism] = _AuthMechAttr(method, owner is self)
+        self._handle_hooks = {
+            name.replace("handle_", ""): getattr(handler, name)
+            for name in self._named(type(handler), "handle_")
+        }
+        self._ehlo_hook_ver = None  # the handler has no handle_EHLO
+        self._smtp_methods = {
+            name.replace("smtp_", ""): getattr(self, name)
+            for name in self._named(type(self), "smtp_")
+        }
+        self._enforce_call_limit = False
+
+    @classmethod
+    def _named(cls, owner: type, prefix: str) -> tuple[str, ...]:
+        """The attributes of ``owner``'s instances whose names start with ``prefix``, sorted."""
+        key = (owner, prefix)
+        names = cls._names.get(key)
+        if names is None:
+            names = cls._names[key] = tuple(n for n in sorted(dir(owner)) if n.startswith(prefix))
+        return names
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if isinstance(transport, asyncio.Transport):
