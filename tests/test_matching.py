@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import smtplib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,12 +14,15 @@ import pytest
 from pytest_mailbox import (
     AmbiguousMatch,
     ContractError,
+    EmailContract,
     Mailbox,
     MailSink,
     Store,
     UnexpectedMessage,
     WaitTimeout,
 )
+from pytest_mailbox.mailbox import POLL_FIRST, POLL_INTERVAL
+from pytest_mailbox.sink import Signal
 
 #: The real wait of a test that expects nothing: long enough to scan, short for the suite.
 SHORT = 0.2
@@ -262,6 +267,67 @@ def test_expect_none_raises_when_a_matching_message_arrives(
     )
     assert caught.value.result["message_id"] == welcome
     assert isinstance(caught.value, AssertionError)
+
+
+# -- waking: mail another process's sink took -----------------------------------------------
+
+
+class _Pauses(Signal):
+    """A waiter's in-process signal that no sink notifies: it records every pause the
+    waiter takes, and runs ``first`` once, as the waiter first goes to sleep."""
+
+    def __init__(self, first: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+        self._first = first
+
+    def wait(self, seen: int, timeout: float) -> int:
+        self.pauses.append(timeout)
+        if self._first is not None:
+            first, self._first = self._first, None
+            first()
+        return super().wait(seen, timeout)
+
+
+def test_mail_another_processs_sink_took_is_seen_at_the_first_look(tmp_path: Path) -> None:
+    """The waiter's own signal never fires: only its look at ``PRAGMA data_version`` can
+    find the mail, which a sink on another connection commits once the waiter sleeps."""
+    db = tmp_path / "store.sqlite3"
+    other = MailSink(Store(db), domains=["mailbox.test"], name="other").start()
+    try:
+        store = Store(db)
+        pauses = _Pauses(first=lambda: send(other, mail(box.address, "From elsewhere")))
+        box = Mailbox.reserve(store, contract=EmailContract(), domain="mailbox.test", signal=pauses)
+
+        claimed = box.wait_for(subject="From elsewhere", timeout=10)
+
+        row = store.message(claimed.message_id)
+        assert row is not None
+        assert row.sink == "other"  # taken by the other connection's sink
+        assert pauses.pauses == [0.001]  # woken by the first look, 1 ms in
+    finally:
+        other.stop()
+
+
+def test_a_waiter_looks_at_the_store_quickly_first_then_every_poll_interval(
+    tmp_path: Path,
+) -> None:
+    pauses = _Pauses()
+    box = Mailbox.reserve(
+        Store(tmp_path / "store.sqlite3"),
+        contract=EmailContract(),
+        domain="mailbox.test",
+        signal=pauses,
+    )
+
+    with pytest.raises(WaitTimeout):
+        box.wait_for(subject="Never sent", timeout=SHORT)
+
+    ramp = [POLL_FIRST * 2**i for i in range(4)]
+    assert ramp == [0.001, 0.002, 0.004, 0.008]
+    assert pauses.pauses[:4] == ramp  # its own `waiting` mark is no news to it
+    assert POLL_INTERVAL in pauses.pauses  # then the steady interval, to the deadline
+    assert max(pauses.pauses) == POLL_INTERVAL
 
 
 # -- the sink refuses other domains ----------------------------------------------------------
