@@ -453,15 +453,21 @@ def _state(protocol: _Protocol) -> dict[str, object]:
     return state
 
 
-def test_the_sinks_protocol_is_set_up_as_aiosmtpd_would(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("hostname", "ident"), [("sink.test", "pytest-mailbox"), ("", "")], ids=["given", "empty"]
+)
+def test_the_sinks_protocol_is_set_up_as_aiosmtpd_would(
+    tmp_path: Path, hostname: str, ident: str
+) -> None:
     """``_Protocol._setup`` skips aiosmtpd's per-connection introspection; it must leave
-    every attribute as ``SMTP.__init__`` would, or the versions it claims to match are wrong."""
+    every attribute as ``SMTP.__init__`` would, or the versions it claims to match are wrong.
+    An empty hostname or ident falls back to aiosmtpd's (the FQDN, "Python SMTP …")."""
     loop = asyncio.new_event_loop()
     try:
         sink = MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN])
         options: dict[str, Any] = {
-            "hostname": "sink.test",
-            "ident": "pytest-mailbox",
+            "hostname": hostname,
+            "ident": ident,
             "data_size_limit": 1000,
             "enable_SMTPUTF8": True,
             "timeout": 30.0,
@@ -472,6 +478,8 @@ def test_the_sinks_protocol_is_set_up_as_aiosmtpd_would(tmp_path: Path) -> None:
         slow = _Protocol(sink, fast=False, **options)
 
         assert _state(fast) == _state(slow)
+        assert fast.hostname
+        assert fast.__ident__
         assert fast._smtp_methods.keys() >= {"EHLO", "MAIL", "RCPT", "DATA", "GET"}
         assert fast._handle_hooks.keys() == {"MAIL", "RCPT", "DATA", "exception"}
     finally:

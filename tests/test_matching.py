@@ -321,13 +321,30 @@ def test_a_waiter_looks_at_the_store_quickly_first_then_every_poll_interval(
     )
 
     with pytest.raises(WaitTimeout):
-        box.wait_for(subject="Never sent", timeout=SHORT)
+        box.wait_for(subject="Never sent", timeout=1.0)
 
     ramp = [POLL_FIRST * 2**i for i in range(4)]
     assert ramp == [0.001, 0.002, 0.004, 0.008]
     assert pauses.pauses[:4] == ramp  # its own `waiting` mark is no news to it
     assert POLL_INTERVAL in pauses.pauses  # then the steady interval, to the deadline
     assert max(pauses.pauses) == POLL_INTERVAL
+
+
+def test_news_that_is_not_the_mail_does_not_start_the_looks_over(tmp_path: Path) -> None:
+    """Under xdist other workers commit all the time: each commit makes the waiter scan
+    again, but its looks keep slowing down to the steady interval."""
+    db = tmp_path / "store.sqlite3"
+    other = Store(db)  # another worker, to SQLite: its own connections
+    pauses = _Pauses(
+        first=lambda: Mailbox.reserve(other, contract=EmailContract(), domain="mailbox.test")
+    )
+    box = Mailbox.reserve(Store(db), contract=EmailContract(), domain="mailbox.test", signal=pauses)
+
+    with pytest.raises(WaitTimeout):
+        box.wait_for(subject="Never sent", timeout=1.0)
+
+    assert other.stats()["reserved"] == 2  # the other worker's commit came during the wait
+    assert pauses.pauses[:4] == [0.001, 0.002, 0.004, 0.008]
 
 
 # -- the sink refuses other domains ----------------------------------------------------------

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, AnyStr, ClassVar, TypeVar
 
 import aiosmtpd
-from aiosmtpd.smtp import SMTP, Envelope, Session, _AuthMechAttr, login_always_fail, syntax
+import aiosmtpd.smtp
+from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
 from pytest_mailbox.message import index
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
@@ -239,8 +240,8 @@ class _Handler:
 
 
 #: aiosmtpd versions whose ``SMTP.__init__`` ``_Protocol._setup`` is checked to reproduce
-#: (tests/test_sink_protocol.py compares the two attribute by attribute); any other
-#: version gets aiosmtpd's own.
+#: (tests/test_hostile.py compares the two attribute by attribute); any other version
+#: gets aiosmtpd's own, and ``_setup`` is the only user of aiosmtpd's private names.
 _SETUP_CHECKED = ("1.4.6",)
 
 
@@ -277,8 +278,9 @@ class _Protocol(SMTP):
     ) -> None:
         """What ``SMTP.__init__`` does for the sink's settings, without its introspection.
 
-        aiosmtpd looks up the protocol's and the handler's ``auth_``, ``handle_`` and
-        ``smtp_`` methods with ``inspect.getmembers`` and ``dir`` for every connection:
+        aiosmtpd looks up the protocol's and the handler's ``auth_`` methods with
+        ``inspect.getmembers``, and their ``handle_`` and ``smtp_`` ones with ``dir``, for
+        every connection:
         about 150 µs of the 210 µs a connection's protocol costs here, paid by every app
         that opens a connection per mail. The names depend only on the classes, so they
         are found once per class; the methods are bound per connection as aiosmtpd binds
@@ -286,7 +288,8 @@ class _Protocol(SMTP):
         aiosmtpd's defaults; aiosmtpd's one INFO line per connection listing the AUTH
         mechanisms is not written.
         """
-        self.__ident__ = ident
+        smtp = aiosmtpd.smtp  # read here, not imported: other versions never get this far
+        self.__ident__ = ident or smtp.__ident__
         self.loop = loop
         asyncio.StreamReaderProtocol.__init__(
             self,
@@ -299,7 +302,7 @@ class _Protocol(SMTP):
         self.enable_SMTPUTF8 = enable_SMTPUTF8
         self._decode_data = False
         self.command_size_limits.clear()
-        self.hostname = hostname
+        self.hostname = hostname or socket.getfqdn()
         self.tls_context = None
         self.require_starttls = None
         self._timeout_duration = timeout
@@ -314,7 +317,7 @@ class _Protocol(SMTP):
         self._auth_require_tls = True
         self._proxy_timeout = None
         self._authenticator = None
-        self._auth_callback = login_always_fail
+        self._auth_callback = smtp.login_always_fail
         self._auth_required = False
         self._auth_methods = {}
         for owner in (self, handler):
@@ -322,12 +325,13 @@ class _Protocol(SMTP):
                 method = getattr(owner, name)
                 mechanism = name.replace("auth_", "").replace("__", "-")
                 mechanism = getattr(method, "__auth_mechanism_name__", mechanism)
-                self._auth_methods[mechanism] = _AuthMechAttr(method, owner is self)
+                self._auth_methods[mechanism] = smtp._AuthMechAttr(method, owner is self)
         self._handle_hooks = {
             name.replace("handle_", ""): getattr(handler, name)
             for name in self._named(type(handler), "handle_")
         }
-        self._ehlo_hook_ver = None  # the handler has no handle_EHLO
+        # aiosmtpd inspects a handle_EHLO's signature; the sink's handler has none.
+        self._ehlo_hook_ver = None
         self._smtp_methods = {
             name.replace("smtp_", ""): getattr(self, name)
             for name in self._named(type(self), "smtp_")
