@@ -463,8 +463,9 @@ def test_the_sinks_protocol_is_set_up_as_aiosmtpd_would(
     every attribute as ``SMTP.__init__`` would, or the versions it claims to match are wrong.
     An empty hostname or ident falls back to aiosmtpd's (the FQDN, "Python SMTP …")."""
     loop = asyncio.new_event_loop()
+    store = Store(tmp_path / "s.sqlite3")
     try:
-        sink = MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN])
+        sink = MailSink(store, domains=[DOMAIN])  # never started: its protocols are built here
         options: dict[str, Any] = {
             "hostname": hostname,
             "ident": ident,
@@ -484,6 +485,7 @@ def test_the_sinks_protocol_is_set_up_as_aiosmtpd_would(
         assert fast._handle_hooks.keys() == {"MAIL", "RCPT", "DATA", "exception"}
     finally:
         loop.close()
+        store.close()
 
 
 @pytest.mark.parametrize("checked", [True, False], ids=["checked-version", "other-version"])

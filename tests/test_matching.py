@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import smtplib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
 from pathlib import Path
@@ -272,6 +272,21 @@ def test_expect_none_raises_when_a_matching_message_arrives(
 # -- waking: mail another process's sink took -----------------------------------------------
 
 
+@pytest.fixture
+def handles(db: Path) -> Iterator[Callable[[], Store]]:
+    """Opens store handles on one file, each with its own connections (as another process
+    has), on the real clock; closes them after the test."""
+    opened: list[Store] = []
+
+    def open_handle() -> Store:
+        opened.append(Store(db))
+        return opened[-1]
+
+    yield open_handle
+    for handle in opened:
+        handle.close()
+
+
 class _Pauses(Signal):
     """A waiter's in-process signal that no sink notifies: it records every pause the
     waiter takes, and runs ``first`` once, as the waiter first goes to sleep."""
@@ -289,13 +304,14 @@ class _Pauses(Signal):
         return super().wait(seen, timeout)
 
 
-def test_mail_another_processs_sink_took_is_seen_at_the_first_look(tmp_path: Path) -> None:
+def test_mail_another_processs_sink_took_is_seen_at_the_first_look(
+    handles: Callable[[], Store],
+) -> None:
     """The waiter's own signal never fires: only its look at ``PRAGMA data_version`` can
     find the mail, which a sink on another connection commits once the waiter sleeps."""
-    db = tmp_path / "store.sqlite3"
-    other = MailSink(Store(db), domains=["mailbox.test"], name="other").start()
+    other = MailSink(handles(), domains=["mailbox.test"], name="other").start()
     try:
-        store = Store(db)
+        store = handles()
         pauses = _Pauses(first=lambda: send(other, mail(box.address, "From elsewhere")))
         box = Mailbox.reserve(store, contract=EmailContract(), domain="mailbox.test", signal=pauses)
 
@@ -310,15 +326,10 @@ def test_mail_another_processs_sink_took_is_seen_at_the_first_look(tmp_path: Pat
 
 
 def test_a_waiter_looks_at_the_store_quickly_first_then_every_poll_interval(
-    tmp_path: Path,
+    handles: Callable[[], Store],
 ) -> None:
     pauses = _Pauses()
-    box = Mailbox.reserve(
-        Store(tmp_path / "store.sqlite3"),
-        contract=EmailContract(),
-        domain="mailbox.test",
-        signal=pauses,
-    )
+    box = Mailbox.reserve(handles(), contract=EmailContract(), domain="mailbox.test", signal=pauses)
 
     with pytest.raises(WaitTimeout):
         box.wait_for(subject="Never sent", timeout=1.0)
@@ -330,15 +341,16 @@ def test_a_waiter_looks_at_the_store_quickly_first_then_every_poll_interval(
     assert max(pauses.pauses) == POLL_INTERVAL
 
 
-def test_news_that_is_not_the_mail_does_not_start_the_looks_over(tmp_path: Path) -> None:
+def test_news_that_is_not_the_mail_does_not_start_the_looks_over(
+    handles: Callable[[], Store],
+) -> None:
     """Under xdist other workers commit all the time: each commit makes the waiter scan
     again, but its looks keep slowing down to the steady interval."""
-    db = tmp_path / "store.sqlite3"
-    other = Store(db)  # another worker, to SQLite: its own connections
+    other = handles()  # another worker, to SQLite: its own connections
     pauses = _Pauses(
         first=lambda: Mailbox.reserve(other, contract=EmailContract(), domain="mailbox.test")
     )
-    box = Mailbox.reserve(Store(db), contract=EmailContract(), domain="mailbox.test", signal=pauses)
+    box = Mailbox.reserve(handles(), contract=EmailContract(), domain="mailbox.test", signal=pauses)
 
     with pytest.raises(WaitTimeout):
         box.wait_for(subject="Never sent", timeout=1.0)

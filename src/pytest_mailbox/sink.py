@@ -280,11 +280,10 @@ class _Protocol(SMTP):
 
         aiosmtpd looks up the protocol's and the handler's ``auth_`` methods with
         ``inspect.getmembers``, and their ``handle_`` and ``smtp_`` ones with ``dir``, for
-        every connection:
-        about 150 µs of the 210 µs a connection's protocol costs here, paid by every app
-        that opens a connection per mail. The names depend only on the classes, so they
-        are found once per class; the methods are bound per connection as aiosmtpd binds
-        them. Settings the sink never uses (TLS, AUTH, call limits, PROXY) take
+        every connection: about 150 µs of the 210 µs a connection's protocol costs here,
+        paid by every app that opens a connection per mail. The names depend only on the
+        classes, so they are found once per class; the methods are bound per connection as
+        aiosmtpd binds them. Settings the sink never uses (TLS, AUTH, call limits, PROXY) take
         aiosmtpd's defaults; aiosmtpd's one INFO line per connection listing the AUTH
         mechanisms is not written.
         """
