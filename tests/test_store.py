@@ -19,7 +19,7 @@ from pytest_mailbox import store as store_module
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
 from pytest_mailbox.errors import ContractError, MailboxClosed
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.store import _OPEN, Delivery, MailboxRow, MessageRow, Store
+from pytest_mailbox.store import _OPEN, SWEEP_EVERY, Delivery, MailboxRow, MessageRow, Store
 
 
 def reserve(
@@ -215,6 +215,28 @@ def test_release_of_an_unknown_mailbox_is_policy_denied(store: Store) -> None:
     assert outcome.status is Status.POLICY_DENIED
 
 
+@pytest.mark.parametrize("ttl", [100, 10], ids=["open", "overdue"])
+def test_release_and_read_returns_the_history_the_release_left(
+    store: Store, clock: Clock, ttl: float
+) -> None:
+    mailbox = reserve(store, ttl=ttl)
+    message_id = deliver(store, mailbox)
+    clock.advance(20)
+
+    outcome, history = store.release_and_read(
+        mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_SUCCESS
+    )
+
+    assert history == store.history(mailbox.mailbox_id)
+    assert history.mailbox is not None
+    assert [m.message_id for m in history.messages] == [message_id]
+    # Refused (the mailbox expired first) or not, the history is read after the write.
+    expected = Status.RELEASED if ttl == 100 else Status.EXPIRED
+    assert outcome.status is expected
+    assert history.mailbox.state == expected.value
+    assert [e["status"] for e in history.events] == ["reserved", "received", expected.value]
+
+
 @pytest.mark.parametrize("how", ["released", "expired"])
 def test_mark_never_reopens_a_closed_mailbox(
     store: Store, clock: Clock, db: Path, how: str
@@ -319,6 +341,57 @@ def test_reading_an_overdue_mailbox_reconciles_it(store: Store, clock: Clock, db
     assert row is not None
     assert (row.state, row.close_reason, row.closed_at) == ("expired", "expired_timeout", clock.now)
     assert rows(db, "SELECT state FROM mailboxes") == [("expired",)]
+
+
+def test_a_write_looks_for_other_overdue_mailboxes_once_per_sweep_interval(
+    store: Store, clock: Clock, db: Path
+) -> None:
+    lapsing = reserve(store, run_id="lapsing", ttl=SWEEP_EVERY / 2)  # the handle's first look
+    clock.advance(SWEEP_EVERY * 0.75)  # overdue, but the last look was less than a sweep ago
+
+    store.reserve(run_id="other-1", purpose="verify", ttl=100, domain=DOMAIN, fresh=True)
+
+    assert rows(db, "SELECT state FROM mailboxes WHERE mailbox_id = ?", (lapsing.mailbox_id,)) == [
+        ("reserved",)
+    ]
+    clock.advance(SWEEP_EVERY * 0.25)  # a sweep interval since the last look
+
+    store.reserve(run_id="other-2", purpose="verify", ttl=100, domain=DOMAIN, fresh=True)
+
+    assert rows(
+        db, "SELECT state, closed_at FROM mailboxes WHERE mailbox_id = ?", (lapsing.mailbox_id,)
+    ) == [("expired", clock.now)]
+
+
+ON_ITS_OWN_MAILBOX = {
+    "claim": lambda store, mailbox, held: claim(store, mailbox, deliver(store, mailbox)).status,
+    "ack": lambda store, mailbox, held: store.ack(held.message_id, held.fence).status,
+    "release": lambda store, mailbox, held: (
+        store.release(mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_SUCCESS).status
+    ),
+    "reserve again": lambda store, mailbox, held: (
+        Status.EXPIRED if reserve(store).mailbox_id != mailbox.mailbox_id else Status.RESERVED
+    ),
+}
+
+
+@pytest.mark.parametrize("operation", list(ON_ITS_OWN_MAILBOX))
+def test_a_write_on_an_overdue_mailbox_expires_it_between_sweeps(
+    store: Store, clock: Clock, db: Path, operation: str
+) -> None:
+    mailbox = reserve(store, ttl=SWEEP_EVERY / 2)  # the handle's first look: next one a sweep on
+    held = claim(store, mailbox, deliver(store, mailbox))
+    assert held.status is Status.CLAIMED
+    clock.advance(SWEEP_EVERY * 0.75)
+
+    status = ON_ITS_OWN_MAILBOX[operation](store, mailbox, held)
+
+    assert status is Status.EXPIRED
+    assert rows(
+        db,
+        "SELECT state, close_reason, closed_at FROM mailboxes WHERE mailbox_id = ?",
+        (mailbox.mailbox_id,),
+    ) == [("expired", "expired_timeout", clock.now)]
 
 
 # -- Mailbox ------------------------------------------------------------------------------

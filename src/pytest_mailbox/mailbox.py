@@ -42,7 +42,7 @@ from pytest_mailbox.errors import (
 )
 from pytest_mailbox.message import Message, digest
 from pytest_mailbox.sink import Signal, normalize_domain
-from pytest_mailbox.store import MailboxRow, MessageRow, Outcome, Store
+from pytest_mailbox.store import History, MailboxRow, MessageRow, Outcome, Store
 
 if TYPE_CHECKING:
     from pytest_mailbox.agent import AgentTools
@@ -609,11 +609,11 @@ class Mailbox:
 
         A closed (or expired, or re-fenced) reservation is left as it is: the store refuses.
         """
-        if success:  # one transaction: the acks and the release
-            self.store.release(
+        if success:  # one transaction: the acks, the release and the receipt's reads
+            _, history = self.store.release_and_read(
                 self.mailbox_id, self.fence, CloseReason.RELEASED_SUCCESS, ack_for=self.run_id
             )
-            return self.receipt()
+            return self._receipt(history)
         row = self.store.mailbox(self.mailbox_id)
         if row is not None and row.active and row.fence == self.fence:
             now = self.store.clock()
@@ -635,7 +635,9 @@ class Mailbox:
 
     def receipt(self) -> Receipt:
         """The secret-free record of this run so far."""
-        history = self.store.history(self.mailbox_id)
+        return self._receipt(self.store.history(self.mailbox_id))
+
+    def _receipt(self, history: History) -> Receipt:
         row = history.mailbox or self._row
         found = history.secrets
         digests = {s["sha256"] for s in found}

@@ -7,6 +7,7 @@ only increases. Nothing here imports pytest.
 
 from __future__ import annotations
 
+import math
 import secrets
 import sqlite3
 import threading
@@ -155,6 +156,12 @@ CHECKPOINT_EVERY = 50
 #: pages the passive copies left (milliseconds), and the log starts over from its beginning.
 RESTART_PAGES = 1000
 
+#: A write looks for overdue mailboxes other than its own at most once per this many seconds
+#: of the store's clock (a handle's first write always looks). The mailbox a write acts on is
+#: checked every time, and so is every mailbox a read returns: only the stored state of
+#: someone else's overdue mailbox may lag, by up to this long.
+SWEEP_EVERY = 1.0
+
 #: A writer that finds the lock taken retries after 50 µs, doubling up to 5 ms.
 RETRY_FIRST = 0.00005
 RETRY_LAST = 0.005
@@ -293,6 +300,7 @@ class Store:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._commits = 0
+        self._next_sweep = -math.inf  # see SWEEP_EVERY
         self._checkpointer: _Checkpointer | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
@@ -442,7 +450,8 @@ class Store:
         """
         with self._write() as tx:
             now = self.clock()
-            self._expire_mailboxes(tx, now)
+            # A run asking again finds its own overdue reservation expired, not reopened.
+            self._expire_mailboxes(tx, now, due=not fresh)
             row = None
             if not fresh:
                 row = tx.one(
@@ -516,25 +525,38 @@ class Store:
         transaction (a test that passed consumed what it claimed).
         """
         with self._write() as tx:
-            now = self.clock()
-            opened = self._open_mailbox(tx, mailbox_id, fence, now)
-            if isinstance(opened, Outcome):
-                return opened
-            if ack_for is not None:
-                for held in tx.all(
-                    "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?"
-                    " AND holder = ? AND lease_until > ?",
-                    (mailbox_id, Status.CLAIMED.value, ack_for, now),
-                ):
-                    self._consume(tx, held["message_id"], held["fence"], mailbox_id, now)
-            self._end_claims(tx, mailbox_id, "released", now)
-            tx.run(
-                "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? "
-                "WHERE mailbox_id = ?",
-                (Status.RELEASED.value, reason.value, now, mailbox_id),
-            )
-            tx.event(mailbox_id, now, Status.RELEASED, reason.value)
-            return Outcome(Status.RELEASED, detail=reason.value)
+            return self._release(tx, mailbox_id, fence, reason, ack_for)
+
+    def release_and_read(
+        self, mailbox_id: str, fence: int, reason: CloseReason, *, ack_for: str | None = None
+    ) -> tuple[Outcome, History]:
+        """``release``, and the ``history`` it leaves, in one transaction: a test's teardown
+        writes and reads the store once (the release refused, the history is still read)."""
+        with self._write() as tx:
+            outcome = self._release(tx, mailbox_id, fence, reason, ack_for)
+            return outcome, _history(tx.conn, mailbox_id)
+
+    def _release(
+        self, tx: _Tx, mailbox_id: str, fence: int, reason: CloseReason, ack_for: str | None
+    ) -> Outcome:
+        now = self.clock()
+        opened = self._open_mailbox(tx, mailbox_id, fence, now)
+        if isinstance(opened, Outcome):
+            return opened
+        if ack_for is not None:
+            for held in tx.all(
+                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?"
+                " AND holder = ? AND lease_until > ?",
+                (mailbox_id, Status.CLAIMED.value, ack_for, now),
+            ):
+                self._consume(tx, held["message_id"], held["fence"], mailbox_id, now)
+        self._end_claims(tx, mailbox_id, "released", now)
+        tx.run(
+            "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? WHERE mailbox_id = ?",
+            (Status.RELEASED.value, reason.value, now, mailbox_id),
+        )
+        tx.event(mailbox_id, now, Status.RELEASED, reason.value)
+        return Outcome(Status.RELEASED, detail=reason.value)
 
     # -- messages ----------------------------------------------------------------------
 
@@ -735,13 +757,8 @@ class Store:
         """The mailbox, its messages, its timeline and its secrets' digests, as of one moment
         (a mail that lands meanwhile is in all of them or in none); reconciled first if the
         mailbox has expired, as ``mailbox`` is."""
-        with self._read():  # the reads below use this thread's reader connection
-            found = History(
-                self._mailbox_row(mailbox_id),
-                self.messages(mailbox_id),
-                self.events(mailbox_id),
-                self.secrets(mailbox_id),
-            )
+        with self._read():
+            found = _history(self._conn(), mailbox_id)
         if self._overdue(found.mailbox):
             self.reconcile()
             return self.history(mailbox_id)
@@ -939,7 +956,12 @@ class Store:
 
     # -- helpers (run inside a write transaction) --------------------------------------
 
-    def _expire_mailboxes(self, tx: _Tx, now: float) -> int:
+    def _expire_mailboxes(self, tx: _Tx, now: float, *, due: bool = True) -> int:
+        """Expire every overdue open mailbox; with ``due=False`` only if ``SWEEP_EVERY`` has
+        passed since this handle last looked."""
+        if not due and now < self._next_sweep:
+            return 0
+        self._next_sweep = now + SWEEP_EVERY
         overdue = tx.all(
             f"SELECT mailbox_id FROM mailboxes WHERE {_OPEN} AND expires_at <= ?", (now,)
         )
@@ -973,8 +995,11 @@ class Store:
         self, tx: _Tx, mailbox_id: str, fence: int, now: float
     ) -> MailboxRow | Outcome:
         """The mailbox, if it is open under ``fence``; else why not (expiring it if due)."""
-        self._expire_mailboxes(tx, now)
+        self._expire_mailboxes(tx, now, due=False)
         row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+        if row is not None and row["closed_at"] is None and row["expires_at"] <= now:
+            self._expire_mailboxes(tx, now)
+            row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
         if row is None:
             return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
         found = _mailbox(row)
@@ -986,16 +1011,18 @@ class Store:
 
     def _current_claim(self, tx: _Tx, message_id: str, fence: int, now: float) -> Outcome:
         """``claimed`` (with the mailbox id) if ``fence`` holds a live lease, else why not."""
-        self._expire_mailboxes(tx, now)
+        self._expire_mailboxes(tx, now, due=False)
         row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
         if row is None or row["mailbox_id"] is None:
             return Outcome(Status.POLICY_DENIED, message_id, detail="unknown message id")
         msg = _message(row)
         # A closed reservation refuses everything with its own state, before any claim check
         # (release() ends its claims as 'released', which must not read as a stale fence).
-        mailbox = tx.one(
-            "SELECT state, close_reason FROM mailboxes WHERE mailbox_id = ?", (msg.mailbox_id,)
-        )
+        sql = "SELECT state, close_reason, closed_at, expires_at FROM mailboxes WHERE mailbox_id=?"
+        mailbox = tx.one(sql, (msg.mailbox_id,))
+        if mailbox is not None and mailbox["closed_at"] is None and mailbox["expires_at"] <= now:
+            self._expire_mailboxes(tx, now)
+            mailbox = tx.one(sql, (msg.mailbox_id,))
         if mailbox is not None and mailbox["state"] not in ACTIVE:
             return Outcome(
                 Status(mailbox["state"]),
@@ -1148,6 +1175,21 @@ class _Tx:
             "INSERT INTO events (mailbox_id, at, status, detail) VALUES (?,?,?,?)",
             (mailbox_id, at, name, detail),
         )
+
+
+def _history(conn: sqlite3.Connection, mailbox_id: str) -> History:
+    """What ``Store.history`` reads, on ``conn``: the caller holds it in one transaction."""
+
+    def rows(sql: str) -> list[sqlite3.Row]:
+        return conn.execute(sql, (mailbox_id,)).fetchall()
+
+    found = rows("SELECT * FROM mailboxes WHERE mailbox_id = ?")
+    return History(
+        _mailbox(found[0]) if found else None,
+        [_message(r) for r in rows("SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq")],
+        rows("SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"),
+        rows("SELECT * FROM secrets WHERE mailbox_id = ?"),
+    )
 
 
 def _pauses(patience: float) -> Iterator[None]:
