@@ -244,9 +244,7 @@ def prefill(store: Store, sink: MailSink, count: int) -> None:
         tables["claims"].append(
             {**claim, "fence": fence, "message_id": message_id, "mailbox_id": mailbox_id}
         )
-        tables["events"].extend(
-            {**event, "event_id": None, "mailbox_id": mailbox_id} for event in events
-        )
+        tables["events"].extend({**event, "mailbox_id": mailbox_id} for event in events)
         tables["secrets"].extend(
             {**secret, "mailbox_id": mailbox_id, "message_id": message_id} for secret in found
         )

@@ -671,6 +671,35 @@ def test_the_expiry_sweep_reads_only_open_mailboxes_through_their_index(store: S
     assert [row[3] for row in plan] == ["SEARCH mailboxes USING INDEX mailboxes_due (expires_at<?)"]
 
 
+def test_the_lease_sweep_reads_only_claimed_messages_through_their_index(store: Store) -> None:
+    plan = store._conn().execute(
+        "EXPLAIN QUERY PLAN SELECT message_id FROM messages "
+        "WHERE state = 'claimed' AND lease_until <= ?",
+        (T0,),
+    )
+    assert [row[3] for row in plan] == [
+        "SEARCH messages USING INDEX messages_leases (lease_until<?)"
+    ]
+
+
+def test_a_timeline_is_stored_clustered_by_its_mailbox(store: Store, db: Path) -> None:
+    first, second = reserve(store, run_id="run-a"), reserve(store, run_id="run-b")
+    deliver(store, first)
+    deliver(store, second)
+
+    assert rows(db, "SELECT mailbox_id, event_id, status FROM events") == sorted(
+        [
+            (first.mailbox_id, 1, "reserved"),
+            (first.mailbox_id, 2, "received"),
+            (second.mailbox_id, 1, "reserved"),
+            (second.mailbox_id, 2, "received"),
+        ]
+    )
+    [(sql,)] = rows(db, "SELECT sql FROM sqlite_master WHERE name = 'events'")
+    assert sql.endswith("WITHOUT ROWID")
+    assert rows(db, "SELECT name FROM sqlite_master WHERE tbl_name = 'events'") == [("events",)]
+
+
 def test_fences_without_update_returning_still_only_grow(
     store: Store, db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -720,6 +749,46 @@ def test_a_store_file_from_the_previous_schema_keeps_working(db: Path, clock: Cl
     indexes = {name for (name,) in rows(db, "SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"mailboxes_run", "mailboxes_due"} <= indexes
     assert not {"mailboxes_key", "mailboxes_expiry"} & indexes
+
+
+def test_the_previous_lease_index_gives_way_to_the_partial_one(db: Path) -> None:
+    Store(db).close()
+    with closing(sqlite3.connect(db)) as conn:  # what the previous version also had
+        conn.execute("DROP INDEX messages_leases")
+        conn.execute("CREATE INDEX messages_claimed ON messages (state, lease_until)")
+
+    Store(db).close()
+
+    indexes = {name for (name,) in rows(db, "SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "messages_leases" in indexes
+    assert "messages_claimed" not in indexes
+
+
+def test_a_timeline_from_the_previous_schema_keeps_its_order(db: Path, clock: Clock) -> None:
+    with closing(sqlite3.connect(db)) as conn:  # store-wide event ids, two mailboxes mixed
+        conn.executescript(OLD_SCHEMA)
+        conn.executemany(
+            "INSERT INTO events (mailbox_id, at, status, detail) VALUES (?, ?, ?, '')",
+            [("mbx-a", T0, "reserved"), ("mbx-b", T0, "reserved"), ("mbx-a", T0 + 1, "waiting")],
+        )
+        conn.commit()
+    handle = Store(db, clock=clock)
+    try:
+        mailbox = Mailbox.reserve(handle, contract=CONTRACT, domain=DOMAIN)
+        receipt = mailbox.close(success=True)
+        kept = [(e["status"], e["at"]) for e in handle.events("mbx-a")]
+    finally:
+        handle.close()
+
+    assert kept == [("reserved", T0), ("waiting", T0 + 1)]
+    assert [e.status for e in receipt.events] == ["reserved", "released"]
+    assert rows(db, "SELECT mailbox_id, event_id FROM events WHERE mailbox_id LIKE 'mbx-_'") == [
+        ("mbx-a", 1),
+        ("mbx-a", 3),
+        ("mbx-b", 2),
+    ]
+    tables = {name for (name,) in rows(db, "SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "events_v1" not in tables
 
 
 def test_a_failed_history_read_leaves_the_connection_out_of_its_transaction(

@@ -46,6 +46,17 @@ ACTIVE = ("reserved", "waiting", "claimed", "consumed")
 #: (waiting, claimed, consumed) rewrite no index page.
 _OPEN = "closed_at IS NULL"
 
+#: A mailbox's timeline, stored in its order (1, 2, 3… per mailbox): recording a step
+#: writes one page, where a rowid table and an index on ``mailbox_id`` wrote two.
+_EVENTS = """CREATE TABLE IF NOT EXISTS events (
+    mailbox_id TEXT NOT NULL,
+    event_id INTEGER NOT NULL,
+    at REAL NOT NULL,
+    status TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    PRIMARY KEY (mailbox_id, event_id)
+) WITHOUT ROWID"""
+
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);
@@ -99,7 +110,11 @@ CREATE TABLE IF NOT EXISTS messages (
     consumed_at REAL
 );
 CREATE INDEX IF NOT EXISTS messages_mailbox ON messages (mailbox_id, seq);
-CREATE INDEX IF NOT EXISTS messages_claimed ON messages (state, lease_until);
+-- Leases to reconcile: only claimed messages are in it, so a delivery writes no page of it.
+-- A query that compares state with a bound parameter would make SQLite plan it again at
+-- every run (the parameter might match this index's clause): compare with 'claimed'.
+DROP INDEX IF EXISTS messages_claimed;
+CREATE INDEX IF NOT EXISTS messages_leases ON messages (lease_until) WHERE state = 'claimed';
 CREATE TABLE IF NOT EXISTS claims (
     fence INTEGER PRIMARY KEY,
     message_id TEXT NOT NULL,
@@ -111,14 +126,7 @@ CREATE TABLE IF NOT EXISTS claims (
     ended_at REAL
 );
 CREATE INDEX IF NOT EXISTS claims_message ON claims (message_id);
-CREATE TABLE IF NOT EXISTS events (
-    event_id INTEGER PRIMARY KEY,  -- as messages.seq
-    mailbox_id TEXT NOT NULL,
-    at REAL NOT NULL,
-    status TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_mailbox ON events (mailbox_id, event_id);
+{_EVENTS};
 CREATE TABLE IF NOT EXISTS faults (
     fault_id INTEGER PRIMARY KEY AUTOINCREMENT,
     mailbox_id TEXT NOT NULL,
@@ -140,6 +148,14 @@ CREATE TABLE IF NOT EXISTS secrets (
     PRIMARY KEY (message_id, kind, sha256)
 );
 CREATE INDEX IF NOT EXISTS secrets_mailbox ON secrets (mailbox_id);
+"""
+
+#: An earlier version's ``events`` (a rowid table and an index): its rows, in the new table.
+_EVENTS_V1_TO_V2 = f"""
+ALTER TABLE events RENAME TO events_v1;
+{_EVENTS};
+INSERT INTO events SELECT mailbox_id, event_id, at, status, detail FROM events_v1;
+DROP TABLE events_v1
 """
 
 #: Past this many bytes of write-ahead log, a writer checkpoints and truncates it: SQLite's
@@ -311,6 +327,9 @@ class Store:
                 columns = {row[1] for row in tx.all("PRAGMA table_info(mailboxes)")}
                 if "worker" not in columns:  # a store file from an earlier version
                     tx.run("ALTER TABLE mailboxes ADD COLUMN worker TEXT NOT NULL DEFAULT ''")
+                (events,) = tx.one("SELECT sql FROM sqlite_master WHERE name = 'events'") or ("",)
+                if "WITHOUT ROWID" not in events.upper():  # its ids, store-wide, keep the order
+                    tx.executescript_in_tx(_EVENTS_V1_TO_V2)
 
     # -- connections and transactions -------------------------------------------------
 
@@ -545,9 +564,9 @@ class Store:
             return opened
         if ack_for is not None:
             for held in tx.all(
-                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?"
+                "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = 'claimed'"
                 " AND holder = ? AND lease_until > ?",
-                (mailbox_id, Status.CLAIMED.value, ack_for, now),
+                (mailbox_id, ack_for, now),
             ):
                 self._consume(tx, held["message_id"], held["fence"], mailbox_id, now)
         self._end_claims(tx, mailbox_id, "released", now)
@@ -1087,8 +1106,8 @@ class Store:
     def _end_claims(self, tx: _Tx, mailbox_id: str, state: str, now: float) -> None:
         """End every live claim on the mailbox's messages (release or expiry)."""
         for claim in tx.all(
-            "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = ?",
-            (mailbox_id, Status.CLAIMED.value),
+            "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = 'claimed'",
+            (mailbox_id,),
         ):
             self._end_claim(tx, claim["message_id"], claim["fence"], state, now)
 
@@ -1172,8 +1191,9 @@ class _Tx:
     def event(self, mailbox_id: str, at: float, status: Status | str, detail: str) -> None:
         name = status.value if isinstance(status, Status) else status
         self.conn.execute(
-            "INSERT INTO events (mailbox_id, at, status, detail) VALUES (?,?,?,?)",
-            (mailbox_id, at, name, detail),
+            "INSERT INTO events VALUES (?, (SELECT COALESCE(MAX(event_id), 0) + 1 FROM events"
+            " WHERE mailbox_id = ?), ?, ?, ?)",
+            (mailbox_id, mailbox_id, at, name, detail),
         )
 
 
