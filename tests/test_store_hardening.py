@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 
 from pytest_mailbox.sink import MailSink
-from pytest_mailbox.store import Delivery, Incoming, MailboxRow, Store, StoreBusy
+from pytest_mailbox.store import (
+    WAL_CHECK_EVERY,
+    Delivery,
+    Incoming,
+    MailboxRow,
+    Store,
+    StoreBusy,
+)
 
 SAFETY = 30.0  # seconds: an upper bound on waiting for a child, never a synchronisation
 
@@ -311,11 +318,34 @@ def test_a_commit_that_must_not_wait_leaves_the_log_to_the_background_thread(
         "app@example.test", [delivery], b"Subject: big\r\n\r\n" + b"x" * limit, "big", None
     )
 
-    store.deliver_all([big], wait=False)  # what the sink's event loop does
+    wal = Path(f"{store.path}-wal")
+    for _ in range(WAL_CHECK_EVERY):  # the handle looks at the log's size every few commits
+        store.deliver_all([big], wait=False)  # what the sink's event loop does
 
-    # Not truncated on the caller's thread (a checkpoint there can take tens of ms); a
-    # waiting writer truncates it.
-    assert Path(f"{store.path}-wal").stat().st_size > limit
+    # Not truncated on the caller's thread (a checkpoint there can take tens of ms); the
+    # next waiting writer truncates it, having seen it past the limit.
+    assert wal.stat().st_size > limit
     store.deliver_all([big])
-    assert Path(f"{store.path}-wal").stat().st_size == 0
+    assert wal.stat().st_size == 0
     store.close()
+
+
+def test_a_writer_looks_at_the_log_size_once_every_few_commits(
+    tmp_path: Path,
+) -> None:
+    limit = 64 * 1024
+    store = Store(tmp_path / "store.sqlite3", wal_limit=limit)
+    mailbox, _ = store.reserve(run_id="r-look", purpose="look", ttl=600, domain="mailbox.test")
+    delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+    big = Incoming("app@example.test", [delivery], b"Subject: b\r\n\r\n" + b"x" * limit, "b", None)
+    wal = Path(f"{store.path}-wal")
+    sizes = []
+    for _ in range(2 * WAL_CHECK_EVERY):
+        store.deliver_all([big])  # a waiting writer: it truncates when it sees the limit passed
+        sizes.append(wal.stat().st_size)
+    store.close()
+
+    # Past the limit after every commit, truncated only at the commits that looked.
+    truncated = [n for n, size in enumerate(sizes) if size == 0]
+    assert len(truncated) == 2
+    assert truncated[1] - truncated[0] == WAL_CHECK_EVERY

@@ -181,6 +181,9 @@ SWEEP_EVERY = 1.0
 #: A writer that finds the lock taken retries after 50 µs, doubling up to 5 ms.
 RETRY_FIRST = 0.00005
 RETRY_LAST = 0.005
+#: A store handle looks at the log's size after one commit in this many (each writer may
+#: add this many commits' pages past ``wal_limit`` before it truncates the log).
+WAL_CHECK_EVERY = 8
 #: How long a writer keeps trying to truncate a log past ``wal_limit`` before going on.
 TRUNCATE_PATIENCE = 1.0
 
@@ -317,6 +320,7 @@ class Store:
         self._lock = threading.Lock()
         self._commits = 0
         self._next_sweep = -math.inf  # see SWEEP_EVERY
+        self._wal_over = False  # the log was past wal_limit at the last look
         self._checkpointer: _Checkpointer | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
@@ -402,7 +406,10 @@ class Store:
     def _bound_wal(self, conn: sqlite3.Connection, *, patience: float) -> None:
         """Checkpoint and truncate the log once it passes ``wal_limit``.
 
-        Readers in the way make the checkpoint give up at once (the writer's connection
+        The log's size is looked at (a ``stat``, which costs a test 15–25 µs: it lets the
+        sink's thread take the GIL) after this handle's first commit and every
+        ``WAL_CHECK_EVERY``-th after it, and after every commit while it is known to be over
+        the limit. Readers in the way make the checkpoint give up at once (the writer's connection
         does not wait); it is tried again every 50 µs or so for ``patience`` seconds, so it
         lands in the gaps between a busy reader's statements, which SQLite's own busy
         handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long as they read.
@@ -410,11 +417,14 @@ class Store:
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
             self._checkpointer_for().request()
+        if not self._wal_over and self._commits % WAL_CHECK_EVERY != 1:
+            return
         try:
             size = self._wal.stat().st_size
         except OSError:
             return
-        if size <= self.wal_limit:
+        self._wal_over = size > self.wal_limit
+        if not self._wal_over:
             return
         if patience <= 0:  # a caller that must not block: the background thread does it
             self._checkpointer_for().request()
@@ -424,6 +434,7 @@ class Store:
             with suppress(sqlite3.OperationalError):  # best effort: the next writer tries again
                 busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 if not busy:
+                    self._wal_over = False
                     return
             if next(pauses, False) is False:
                 return
