@@ -21,8 +21,10 @@ from pytest_mailbox import (
     UnexpectedMessage,
     WaitTimeout,
 )
+from pytest_mailbox.contract import Status
 from pytest_mailbox.mailbox import POLL_FIRST, POLL_INTERVAL
 from pytest_mailbox.sink import Signal
+from pytest_mailbox.store import Delivery, Outcome
 
 #: The real wait of a test that expects nothing: long enough to scan, short for the suite.
 SHORT = 0.2
@@ -357,6 +359,68 @@ def test_news_that_is_not_the_mail_does_not_start_the_looks_over(
 
     assert other.stats()["reserved"] == 2  # the other worker's commit came during the wait
     assert pauses.pauses[:4] == [0.001, 0.002, 0.004, 0.008]
+
+
+class _Counting(Store):
+    """A real store that counts the waiter's looks at ``PRAGMA data_version``, and can let a
+    rival run claim a message between the waiter's scan and its own claim."""
+
+    def __init__(self, path: Path, *, rival: bool = False) -> None:
+        super().__init__(path)
+        self.versions = 0
+        self.rival: Outcome | None = None if rival else Outcome(Status.WAITING)
+
+    def data_version(self) -> int:
+        self.versions += 1
+        return super().data_version()
+
+    def claim(self, **given: Any) -> Outcome:
+        if self.rival is None:  # the rival is quicker, once
+            self.rival = super().claim(**{**given, "holder": "run-rival", "waiting": None})
+        return super().claim(**given)
+
+
+def _deliver(store: Store, box: Mailbox, subject: str) -> None:
+    delivery = Delivery(rcpt=box.address, alias=box.alias, tag=None, domain=box.domain)
+    raw = f"To: {box.address}\r\nSubject: {subject}\r\n\r\nhi\r\n".encode()
+    store.deliver(
+        mail_from="app@app.example.test",
+        deliveries=[delivery],
+        raw=raw,
+        subject=subject,
+        run_header=None,
+    )
+
+
+def test_a_wait_whose_mail_is_there_reads_no_store_version(db: Path) -> None:
+    store = _Counting(db)
+    try:
+        box = Mailbox.reserve(store, contract=EmailContract(), domain="mailbox.test")
+        _deliver(store, box, "Already here")
+
+        claimed = box.wait_for(subject="Already here", timeout=10)
+
+        assert claimed.subject == "Already here"  # its bytes came with the claim
+        assert store.versions == 0  # no pause point: nothing to pause for
+    finally:
+        store.close()
+
+
+def test_a_claim_refused_at_the_first_look_waits_on_from_a_fresh_look(db: Path) -> None:
+    store = _Counting(db, rival=True)
+    try:
+        pauses = _Pauses()
+        box = Mailbox.reserve(store, contract=EmailContract(), domain="mailbox.test", signal=pauses)
+        _deliver(store, box, "Contested")
+
+        with pytest.raises(WaitTimeout, match="already claimed by run run-rival"):
+            box.wait_for(subject="Contested", timeout=SHORT)
+
+        assert store.rival is not None
+        assert store.rival.status is Status.CLAIMED
+        assert pauses.pauses[:2] == [POLL_FIRST, 2 * POLL_FIRST]
+    finally:
+        store.close()
 
 
 # -- the sink refuses other domains ----------------------------------------------------------

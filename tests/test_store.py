@@ -608,6 +608,18 @@ def test_mailbox_claim_by_selector_waits_then_claims(store: Store) -> None:
         mailbox.claim(message_id, subject="Verify your account")
 
 
+def test_a_granted_claim_carries_the_bytes_but_never_tells_them(store: Store) -> None:
+    mailbox = reserve(store)
+    message_id = deliver(store, mailbox)
+
+    granted = claim(store, mailbox, message_id)
+
+    assert granted.raw == raw_message(mailbox.address)
+    assert "raw" not in granted.as_dict()  # what an agent is told
+    assert "8f3a9c77d1e24b6a" not in repr(granted)  # the link's token, e.g. in a log line
+    assert claim(store, mailbox, message_id, holder="run-2").raw is None  # refused
+
+
 def test_a_late_waiting_mark_never_moves_the_state_back(store: Store) -> None:
     mailbox = reserve(store)
     message_id = deliver(store, mailbox)

@@ -294,8 +294,14 @@ class Mailbox:
     ) -> Generator[_Pause, None, ClaimedMessage]:
         limit = self.contract.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        # The first look of a wait that has not marked itself waiting takes no pause point:
+        # if it finds nothing it marks, and looks again from a pause point taken then.
+        pause: _Pause | None = None
+        looked = self._waited
         while True:
-            pause = self._pause_point(deadline)
+            if looked:
+                pause = self._pause_point(deadline)
+            looked = True
             matches, misses = self._scan(chosen, check_open=False)
             if len(matches) != 1:  # one candidate goes to the claim, which checks it instead
                 self._ensure_open()
@@ -312,14 +318,14 @@ class Mailbox:
                 self._waited = True  # the claim records it, whatever its outcome
                 outcome = self._claim(matches[0], lease, waiting=waiting)
                 if outcome.status is Status.CLAIMED:
-                    return ClaimedMessage(
-                        self.store.raw(matches[0].body_id), matches[0], self, outcome
-                    )
+                    return ClaimedMessage(outcome.raw or b"", matches[0], self, outcome)
                 self._ensure_open()  # a closed mailbox refused the claim: say so now
             if not self._waited:
                 # Once, before the first pause. Then look again from after it: a pause point
                 # taken before this write would count it as news and wake at the first look.
                 self._mark_waiting(chosen)
+                continue
+            if pause is None:  # a refused claim at the first look: look again, then pause
                 continue
             if pause.remaining() <= 0:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
@@ -558,7 +564,7 @@ class Mailbox:
             msg = f"{message_id} is not a message of {self.address}"
             raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
         outcome = _raise_for(self._claim(row, lease), f"claim {message_id}")
-        return ClaimedMessage(self.store.raw(row.body_id), row, self, outcome)
+        return ClaimedMessage(outcome.raw or b"", row, self, outcome)
 
     def ack(self, message_id: str, fence: int) -> Outcome:
         """Consume a claimed message; refused (typed error) for a stale fence or lease."""

@@ -283,6 +283,9 @@ class Outcome:
     lease_until: float | None = None
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: A granted claim's message bytes, read in the claim's own transaction; never in
+    #: ``as_dict`` (what an agent is told).
+    raw: bytes | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         result: dict[str, Any] = {"status": self.status.value}
@@ -861,8 +864,14 @@ class Store:
         )
         tx.run("UPDATE mailboxes SET state = 'claimed' WHERE mailbox_id = ?", (mailbox_id,))
         tx.event(mailbox_id, now, Status.CLAIMED, f"{message_id} fence {fence}")
+        body = tx.one("SELECT raw FROM bodies WHERE body_id = ?", (msg.body_id,))
         return Outcome(
-            Status.CLAIMED, message_id, fence=fence, holder=holder, lease_until=lease_until
+            Status.CLAIMED,
+            message_id,
+            fence=fence,
+            holder=holder,
+            lease_until=lease_until,
+            raw=b"" if body is None else bytes(body[0]),
         )
 
     def ack(self, message_id: str, fence: int) -> Outcome:
