@@ -5,6 +5,7 @@ from __future__ import annotations
 import smtplib
 import socket
 from email.message import EmailMessage
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +102,56 @@ def test_permanent_fault_is_not_retried(
         app.send(isolated_mailbox.address)
     assert app.tries == 1
     assert info.value.recipients == {isolated_mailbox.address: (550, b"5.1.1 No such user")}
+
+
+class _Asked(Store):
+    """A real store that counts the sink's questions about faults owed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.asked: list[tuple[str, ...]] = []
+
+    def faults_pending(self, alias: str, domain: str) -> frozenset[str]:
+        self.asked.append(("any stage", alias))
+        return super().faults_pending(alias, domain)
+
+    def fault_pending(self, alias: str, domain: str, stage: str) -> int | None:
+        self.asked.append((stage, alias))
+        return super().fault_pending(alias, domain, stage)
+
+
+@pytest.mark.parametrize("armed", [None, "RCPT", "DATA"])
+def test_the_sink_asks_about_faults_once_per_recipient_unless_one_is_owed(
+    tmp_path: Path, armed: str | None
+) -> None:
+    store = _Asked(tmp_path / "store.sqlite3")
+    mailbox, _ = store.reserve(run_id="r-f", purpose="f", ttl=600, domain="mailbox.test")
+    if armed is not None:
+        assert (
+            store.add_fault(
+                mailbox.mailbox_id, mailbox.fence, stage=armed, reply="451 4.3.0 Later", times=1
+            )
+            is None
+        )
+    app = RetryingApp(MailSink(store, domains=["mailbox.test"], name="asked").start(), attempts=2)
+    try:
+        app.send(mailbox.address)
+    finally:
+        app.server.stop()
+
+    asked = [(stage, alias) for stage, alias in store.asked if alias == mailbox.alias]
+    # Each attempt asks once, as it accepts the recipient; only a DATA fault seen then makes
+    # the sink ask at DATA (and the writer thread's take asks once more, to count it).
+    looked = ("any stage", mailbox.alias)
+    expected = {
+        None: [looked],
+        "RCPT": [looked, ("RCPT", mailbox.alias), looked],
+        "DATA": [looked, ("DATA", mailbox.alias), ("DATA", mailbox.alias), looked],
+    }[armed]
+    assert asked == expected
+    assert app.tries == (1 if armed is None else 2)
+    assert len(store.messages(mailbox.mailbox_id)) == 1
+    store.close()
 
 
 @pytest.mark.parametrize(

@@ -198,10 +198,13 @@ class _Handler:
         if domain not in self.sink.domains:
             return f"550 5.7.1 Relaying denied: {_shown(domain)} is not a test domain of this sink"
         store = self.sink.store
-        if store.fault_pending(parts[0], domain, "RCPT") is not None:  # rare: go and take it
+        owed = store.faults_pending(parts[0], domain)  # one read for both stages
+        if "RCPT" in owed:  # rare: go and take it
             fault = await self.sink.in_writer(store.take_fault, parts[0], domain, "RCPT")
             if fault is not None:
                 return fault
+        if "DATA" in owed and isinstance(envelope, _Envelope):
+            envelope.data_faults = True
         envelope.rcpt_tos.append(address)
         envelope.rcpt_options.extend(options)
         return "250 2.1.5 OK"
@@ -224,8 +227,11 @@ class _Handler:
                 deliveries.append(
                     Delivery(rcpt=rcpt, alias=parts[0], tag=parts[1], domain=parts[2])
                 )
+        faults = not isinstance(envelope, _Envelope) or envelope.data_faults
         try:
-            fault = await self.sink.store_message(envelope.mail_from, deliveries, raw, flags)
+            fault = await self.sink.store_message(
+                envelope.mail_from, deliveries, raw, flags, faults=faults
+            )
         except Exception as exc:
             # The type only: an exception's text may quote the message or the store's internals.
             log.error("pytest-mailbox sink could not store a message: %s", type(exc).__name__)
@@ -243,6 +249,14 @@ class _Handler:
 #: (tests/test_hostile.py compares the two attribute by attribute); any other version
 #: gets aiosmtpd's own, and ``_setup`` is the only user of aiosmtpd's private names.
 _SETUP_CHECKED = ("1.4.6",)
+
+
+class _Envelope(Envelope):
+    """aiosmtpd's envelope, and whether a recipient had a ``DATA`` fault owed when accepted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data_faults = False
 
 
 class _Protocol(SMTP):
@@ -345,6 +359,9 @@ class _Protocol(SMTP):
         if names is None:
             names = cls._names[key] = tuple(n for n in sorted(dir(owner)) if n.startswith(prefix))
         return names
+
+    def _create_envelope(self) -> Envelope:
+        return _Envelope()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if isinstance(transport, asyncio.Transport):
@@ -525,15 +542,20 @@ class MailSink(SmtpEndpoint):
         deliveries: list[Delivery],
         raw: bytes,
         transport: Sequence[str] = (),
+        *,
+        faults: bool = True,
     ) -> str | None:
         """Store one message before its ``250``; a scripted fault's reply instead, if owed.
+
+        ``faults=False`` says no recipient had a ``DATA`` fault owed when it was accepted
+        (``handle_RCPT`` looked): the store is not asked again.
 
         Messages that finish DATA in the same turn of the event loop are committed together,
         in one transaction, on the loop itself while the write lock is free (the common case:
         no thread hop); a busy lock sends the batch to the writer thread, which may wait.
         """
         store = self.store
-        if any(store.fault_pending(d.alias, d.domain, "DATA") for d in deliveries):
+        if faults and any(store.fault_pending(d.alias, d.domain, "DATA") for d in deliveries):
             return await self.in_writer(self.receive, mail_from, deliveries, raw, transport)
         loop = asyncio.get_running_loop()
         stored: asyncio.Future[None] = loop.create_future()

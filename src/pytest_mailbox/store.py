@@ -735,6 +735,20 @@ class Store:
         )
         return None if row is None else int(row[0])
 
+    def faults_pending(self, alias: str, domain: str) -> frozenset[str]:
+        """The stages (``RCPT``, ``DATA``) at which a scripted reply is still owed for
+        ``alias@domain``: what a sink asks once per recipient, as it accepts it."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT DISTINCT stage FROM faults WHERE alias = ? AND domain = ?"
+                " AND remaining > 0",
+                (alias, domain),
+            )
+            .fetchall()
+        )
+        return frozenset(str(row[0]) for row in rows)
+
     def take_fault(self, alias: str, domain: str, stage: str) -> str | None:
         """The scripted reply owed at ``stage`` for ``alias@domain``, counted once; else None."""
         fault_id = self.fault_pending(alias, domain, stage)
