@@ -409,10 +409,12 @@ class Store:
     def _bound_wal(self, conn: sqlite3.Connection, *, patience: float) -> None:
         """Checkpoint and truncate the log once it passes ``wal_limit``.
 
-        The log's size is looked at (a ``stat``, which costs a test 15–25 µs: it lets the
-        sink's thread take the GIL) after this handle's first commit and every
-        ``WAL_CHECK_EVERY``-th after it, and after every commit while it is known to be over
-        the limit. Readers in the way make the checkpoint give up at once (the writer's connection
+        The log's size is looked at after this handle's first commit and every
+        ``WAL_CHECK_EVERY``-th after it, and after every commit while it is known to be past
+        the limit: a ``stat`` costs a test 15–25 µs, since it lets the sink's thread take
+        the GIL.
+
+        Readers in the way make the checkpoint give up at once (the writer's connection
         does not wait); it is tried again every 50 µs or so for ``patience`` seconds, so it
         lands in the gaps between a busy reader's statements, which SQLite's own busy
         handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long as they read.
