@@ -150,6 +150,13 @@ CREATE TABLE IF NOT EXISTS secrets (
 CREATE INDEX IF NOT EXISTS secrets_mailbox ON secrets (mailbox_id);
 """
 
+#: What a receipt is made of, read by mailbox id: one by one (``Store.messages`` …), or
+#: together in one transaction (``_history``).
+_MAILBOX_SQL = "SELECT * FROM mailboxes WHERE mailbox_id = ?"
+_MESSAGES_SQL = "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq"
+_EVENTS_SQL = "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"
+_SECRETS_SQL = "SELECT * FROM secrets WHERE mailbox_id = ?"
+
 #: An earlier version's ``events`` (a rowid table and an index): its rows, in the new table.
 _EVENTS_V1_TO_V2 = f"""
 ALTER TABLE events RENAME TO events_v1;
@@ -526,11 +533,7 @@ class Store:
         return found
 
     def _mailbox_row(self, mailbox_id: str) -> MailboxRow | None:
-        row = (
-            self._conn()
-            .execute("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
-            .fetchone()
-        )
+        row = self._conn().execute(_MAILBOX_SQL, (mailbox_id,)).fetchone()
         return None if row is None else _mailbox(row)
 
     def _overdue(self, row: MailboxRow | None) -> bool:
@@ -668,12 +671,7 @@ class Store:
 
     def messages(self, mailbox_id: str) -> list[MessageRow]:
         """Every message routed to the mailbox, oldest first."""
-        rows = (
-            self._conn()
-            .execute("SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq", (mailbox_id,))
-            .fetchall()
-        )
-        return [_message(r) for r in rows]
+        return [_message(r) for r in self._conn().execute(_MESSAGES_SQL, (mailbox_id,))]
 
     def message(self, message_id: str) -> MessageRow | None:
         row = (
@@ -786,21 +784,10 @@ class Store:
             )
 
     def secrets(self, mailbox_id: str) -> list[sqlite3.Row]:
-        return (
-            self._conn()
-            .execute("SELECT * FROM secrets WHERE mailbox_id = ?", (mailbox_id,))
-            .fetchall()
-        )
+        return self._conn().execute(_SECRETS_SQL, (mailbox_id,)).fetchall()
 
     def events(self, mailbox_id: str) -> list[sqlite3.Row]:
-        return (
-            self._conn()
-            .execute(
-                "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id",
-                (mailbox_id,),
-            )
-            .fetchall()
-        )
+        return self._conn().execute(_EVENTS_SQL, (mailbox_id,)).fetchall()
 
     def history(self, mailbox_id: str) -> History:
         """The mailbox, its messages, its timeline and its secrets' digests, as of one moment
@@ -1046,15 +1033,21 @@ class Store:
             (status.value, mailbox_id, *earlier),
         )
 
+    def _reconciled(self, tx: _Tx, mailbox_id: str, now: float) -> sqlite3.Row | None:
+        """The row of the mailbox a write acts on, after the sweep if one is due
+        (``SWEEP_EVERY``), and at once if this mailbox is overdue: then it reads expired."""
+        self._expire_mailboxes(tx, now, due=False)
+        row = tx.one(_MAILBOX_SQL, (mailbox_id,))
+        if row is not None and row["closed_at"] is None and row["expires_at"] <= now:
+            self._expire_mailboxes(tx, now)
+            row = tx.one(_MAILBOX_SQL, (mailbox_id,))
+        return row
+
     def _open_mailbox(
         self, tx: _Tx, mailbox_id: str, fence: int, now: float
     ) -> MailboxRow | Outcome:
         """The mailbox, if it is open under ``fence``; else why not (expiring it if due)."""
-        self._expire_mailboxes(tx, now, due=False)
-        row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
-        if row is not None and row["closed_at"] is None and row["expires_at"] <= now:
-            self._expire_mailboxes(tx, now)
-            row = tx.one("SELECT * FROM mailboxes WHERE mailbox_id = ?", (mailbox_id,))
+        row = self._reconciled(tx, mailbox_id, now)
         if row is None:
             return Outcome(Status.POLICY_DENIED, detail=f"unknown mailbox {mailbox_id}")
         found = _mailbox(row)
@@ -1066,18 +1059,13 @@ class Store:
 
     def _current_claim(self, tx: _Tx, message_id: str, fence: int, now: float) -> Outcome:
         """``claimed`` (with the mailbox id) if ``fence`` holds a live lease, else why not."""
-        self._expire_mailboxes(tx, now, due=False)
         row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
         if row is None or row["mailbox_id"] is None:
             return Outcome(Status.POLICY_DENIED, message_id, detail="unknown message id")
         msg = _message(row)
         # A closed reservation refuses everything with its own state, before any claim check
         # (release() ends its claims as 'released', which must not read as a stale fence).
-        sql = "SELECT state, close_reason, closed_at, expires_at FROM mailboxes WHERE mailbox_id=?"
-        mailbox = tx.one(sql, (msg.mailbox_id,))
-        if mailbox is not None and mailbox["closed_at"] is None and mailbox["expires_at"] <= now:
-            self._expire_mailboxes(tx, now)
-            mailbox = tx.one(sql, (msg.mailbox_id,))
+        mailbox = self._reconciled(tx, row["mailbox_id"], now)
         if mailbox is not None and mailbox["state"] not in ACTIVE:
             return Outcome(
                 Status(mailbox["state"]),
@@ -1239,12 +1227,12 @@ def _history(conn: sqlite3.Connection, mailbox_id: str) -> History:
     def rows(sql: str) -> list[sqlite3.Row]:
         return conn.execute(sql, (mailbox_id,)).fetchall()
 
-    found = rows("SELECT * FROM mailboxes WHERE mailbox_id = ?")
+    found = rows(_MAILBOX_SQL)
     return History(
         _mailbox(found[0]) if found else None,
-        [_message(r) for r in rows("SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq")],
-        rows("SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"),
-        rows("SELECT * FROM secrets WHERE mailbox_id = ?"),
+        [_message(r) for r in rows(_MESSAGES_SQL)],
+        rows(_EVENTS_SQL),
+        rows(_SECRETS_SQL),
     )
 
 
