@@ -307,18 +307,23 @@ def test_a_writer_that_cannot_get_the_lock_gives_up_and_changes_nothing(
     store.close()
 
 
-def test_a_commit_that_must_not_wait_leaves_the_log_to_the_background_thread(
-    tmp_path: Path,
-) -> None:
-    limit = 256 * 1024
+def _bigger_than_the_log(tmp_path: Path, limit: int) -> tuple[Store, Incoming, Path]:
+    """A store whose log may hold ``limit`` bytes, a message to one of its mailboxes that is
+    bigger than that, and the log's path."""
     store = Store(tmp_path / "store.sqlite3", wal_limit=limit)
     mailbox, _ = store.reserve(run_id="r-big", purpose="big", ttl=600, domain="mailbox.test")
     delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
     big = Incoming(
         "app@example.test", [delivery], b"Subject: big\r\n\r\n" + b"x" * limit, "big", None
     )
+    return store, big, Path(f"{store.path}-wal")
 
-    wal = Path(f"{store.path}-wal")
+
+def test_a_commit_that_must_not_wait_leaves_the_log_to_the_background_thread(
+    tmp_path: Path,
+) -> None:
+    limit = 256 * 1024
+    store, big, wal = _bigger_than_the_log(tmp_path, limit)
     for _ in range(WAL_CHECK_EVERY):  # the handle looks at the log's size every few commits
         store.deliver_all([big], wait=False)  # what the sink's event loop does
 
@@ -333,12 +338,7 @@ def test_a_commit_that_must_not_wait_leaves_the_log_to_the_background_thread(
 def test_a_writer_looks_at_the_log_size_once_every_few_commits(
     tmp_path: Path,
 ) -> None:
-    limit = 64 * 1024
-    store = Store(tmp_path / "store.sqlite3", wal_limit=limit)
-    mailbox, _ = store.reserve(run_id="r-look", purpose="look", ttl=600, domain="mailbox.test")
-    delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
-    big = Incoming("app@example.test", [delivery], b"Subject: b\r\n\r\n" + b"x" * limit, "b", None)
-    wal = Path(f"{store.path}-wal")
+    store, big, wal = _bigger_than_the_log(tmp_path, 64 * 1024)
     sizes = []
     for _ in range(2 * WAL_CHECK_EVERY):
         store.deliver_all([big])  # a waiting writer: it truncates when it sees the limit passed
