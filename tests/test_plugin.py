@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -532,3 +533,49 @@ def test_a_finished_tests_mailbox_is_not_kept_for_the_rest_of_the_session(
     pytester.makepyfile(test_freed=FREED_SUITE)
     result = pytester.runpytest("-n", workers, "--dist", "loadfile")
     result.assert_outcomes(passed=2)
+
+
+#: What a sink or a test needs, and the xdist controller does not.
+HEAVY = ("asyncio", "aiosmtpd", "pytest_mailbox.sink", "pytest_mailbox.mailbox")
+
+CONTROLLER_CONFTEST = f"""
+import sys
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        found = sorted(m for m in {HEAVY!r} if m in sys.modules)
+        (config.rootpath / "controller.txt").write_text(repr(found))
+"""
+
+
+def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) -> None:
+    """The controller runs no test and no sink: before it starts the workers it reads the
+    options only, and it never imports asyncio and aiosmtpd (about 0.1 s of every start)."""
+    pytester.makeconftest(SENDER_CONFTEST + CONTROLLER_CONFTEST)
+    pytester.makepyfile(test_suite=USER_SUITE)
+    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
+    result = pytester.runpytest_subprocess(*off, "-n", "2")  # smtpdfix imports aiosmtpd
+    result.assert_outcomes(passed=5)
+    assert (pytester.path / "controller.txt").read_text() == "[]"
+
+
+def test_the_package_imports_the_mailbox_and_the_sink_when_first_asked() -> None:
+    code = (
+        "import sys\n"
+        "import pytest_mailbox.plugin\n"
+        "from pytest_mailbox.contract import Receipt\n"
+        f"heavy = {(*HEAVY, 'filelock', 'pytest_mailbox.store')!r}\n"
+        "print(sorted(m for m in heavy if m in sys.modules), Receipt.__pydantic_complete__)\n"
+        "from pytest_mailbox import ClaimedMessage, MailSink, Mailbox, Message, Store\n"
+        "import pytest_mailbox\n"
+        "print(MailSink.__module__, 'Store' in dir(pytest_mailbox))\n"
+        "pytest_mailbox.NoSuchName\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stdout.splitlines() == ["[] False", "pytest_mailbox.sink True"]
+    assert "AttributeError: module 'pytest_mailbox' has no attribute 'NoSuchName'" in done.stderr

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pytest_mailbox.contract import (
     Checkpoint,
     CloseReason,
@@ -24,10 +27,12 @@ from pytest_mailbox.errors import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.message import Message
-from pytest_mailbox.sink import MailSink
-from pytest_mailbox.store import Store
+
+if TYPE_CHECKING:
+    from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
+    from pytest_mailbox.message import Message
+    from pytest_mailbox.sink import MailSink
+    from pytest_mailbox.store import Store
 
 __all__ = [
     "AlreadyClaimed",
@@ -54,3 +59,28 @@ __all__ = [
     "UnexpectedMessage",
     "WaitTimeout",
 ]
+
+#: Imported on first use. pytest imports this package in every process it starts, and
+#: these bring in asyncio, aiosmtpd, the e-mail parser and SQLite: about 0.1 s that the
+#: xdist controller (which runs no test and no sink) would spend before starting workers.
+_LAZY = {
+    "ClaimedMessage": "mailbox",
+    "Mailbox": "mailbox",
+    "Message": "message",
+    "MailSink": "sink",
+    "Store": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

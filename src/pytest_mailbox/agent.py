@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from pydantic import model_validator as _model_validator
 
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Selector, Status, utc
+from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, mask_secrets
 from pytest_mailbox.message import Message, _host, redact_url
-from pytest_mailbox.sink import normalize_domain
 from pytest_mailbox.store import MessageRow, Outcome, Store
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]

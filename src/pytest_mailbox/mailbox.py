@@ -28,6 +28,7 @@ from pytest_mailbox.contract import (
     describe_validation_error,
     utc,
 )
+from pytest_mailbox.endpoint import Signal, normalize_domain
 from pytest_mailbox.errors import (
     AlreadyClaimed,
     AlreadyConsumed,
@@ -41,7 +42,6 @@ from pytest_mailbox.errors import (
     WaitTimeout,
 )
 from pytest_mailbox.message import Message, digest
-from pytest_mailbox.sink import Signal, normalize_domain
 from pytest_mailbox.store import History, MailboxRow, MessageRow, Outcome, Store
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ import types
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
@@ -19,21 +20,26 @@ from pytest_mailbox.contract import (
     describe_validation_error,
 )
 from pytest_mailbox.contract import dump_receipt as _dump_receipt
+from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, is_loopback
 from pytest_mailbox.errors import ExposedSinkWarning
-from pytest_mailbox.mailbox import Mailbox
 from pytest_mailbox.receipts import RECEIPT_PROPERTY
 from pytest_mailbox.settings import OPTIONS, Settings
-from pytest_mailbox.sink import MailSink, Signal, SinkError, SmtpEndpoint, is_loopback
-from pytest_mailbox.store import Store
+
+if TYPE_CHECKING:
+    # Imported where they are used: the xdist controller runs no test and no sink, so it
+    # never imports asyncio, aiosmtpd, the store or the mailbox (start-up before workers).
+    from pytest_mailbox.mailbox import Mailbox
+    from pytest_mailbox.sink import MailSink
+    from pytest_mailbox.store import Store
 
 STORE_NAME = "pytest-mailbox.sqlite3"
 
 _settings_key = pytest.StashKey[Settings]()
 _store_path_key = pytest.StashKey[Path]()
 _signal_key = pytest.StashKey[Signal]()
-_mailboxes_key = pytest.StashKey[list[Mailbox]]()
+_mailboxes_key = pytest.StashKey["list[Mailbox]"]()
 _failed_key = pytest.StashKey[bool]()
-_fixed_sink_key = pytest.StashKey[MailSink]()
+_fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
@@ -126,6 +132,8 @@ def store_path(config: pytest.Config, factory: pytest.TempPathFactory) -> Path:
 
 
 def _new_sink(config: pytest.Config, store: Store, port: int) -> MailSink:
+    from pytest_mailbox.sink import MailSink  # noqa: PLC0415 - see TYPE_CHECKING above
+
     settings = config.stash[_settings_key]
     return MailSink(
         store,
@@ -155,6 +163,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
     path = store_path(config, factory)
     config.stash[_store_path_key] = path
+    from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
+
     sink = _new_sink(config, Store(path), settings.port)
     try:
         sink.start()
@@ -181,6 +191,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         path = store_path(config, factory)
     if path is None or not path.exists():
         return
+    from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
+
     store = Store(path)
     try:
         store.close_orphans()
@@ -246,6 +258,8 @@ class _Fixtures:
         factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
         path = store_path(config, factory)
         config.stash[_store_path_key] = path
+        from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
+
         store = Store(path, worker=_worker_name(config))
         store.reconcile()
         yield store
@@ -298,6 +312,8 @@ class _Fixtures:
     ) -> Iterator[Mailbox]:
         """A fresh alias on the session's sink, reserved for this test's run under its
         contract."""
+        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
+
         config, item = self.config, self.test()
         mailbox = Mailbox.reserve(
             mailbox_store,
@@ -381,6 +397,9 @@ class _CrashReceipts:
         worker = str(getattr(getattr(node, "gateway", None), "id", ""))
         workerinput: dict[str, str] = getattr(node, "workerinput", {})
         testrun_uid = workerinput.get("testrunuid") or config.stash[_testrun_key]
+        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
+        from pytest_mailbox.store import Store  # noqa: PLC0415
+
         store = Store(path)
         try:
             closed = store.close_orphans(

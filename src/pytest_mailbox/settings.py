@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pytest_mailbox.contract import CONTRACT_FIELDS, EmailContract, describe_validation_error
-from pytest_mailbox.sink import (
+from pytest_mailbox.endpoint import (
     DATA_POLICIES,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_RECIPIENTS,

@@ -7,7 +7,6 @@ import collections
 import concurrent.futures
 import contextlib
 import errno
-import ipaddress
 import logging
 import re
 import socket
@@ -19,6 +18,17 @@ import aiosmtpd
 import aiosmtpd.smtp
 from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
+from pytest_mailbox.endpoint import (
+    DATA_POLICIES,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_RECIPIENTS,
+    Signal,
+    SinkError,
+    SmtpEndpoint,
+    is_loopback,
+    normalize_domain,
+    split_address,
+)
 from pytest_mailbox.message import index
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
 
@@ -37,13 +47,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("pytest_mailbox.sink")
-
-#: Recipients one message may have; RCPT past it gets ``452 4.5.3``.
-DEFAULT_MAX_RECIPIENTS = 100
-#: Seconds a client may stay silent (or spend on one command, DATA included).
-DEFAULT_IDLE_TIMEOUT = 300.0
-#: What DATA with a bare CR, a bare LF or a NUL gets: stored and flagged, or refused.
-DATA_POLICIES = ("flag", "refuse")
 
 #: aiosmtpd's logger; it writes DATA lines (message content) at DEBUG.
 _AIOSMTPD_LOGGER = "mail.log"
@@ -68,29 +71,6 @@ _ECHOING_REPLIES = (
 )
 
 
-class SinkError(RuntimeError):
-    """The sink could not start; the message names the option to change."""
-
-
-class Signal:
-    """An in-process wake-up: waiters sleep until the generation moves on."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.generation = 0
-
-    def notify(self) -> None:
-        with self._cond:
-            self.generation += 1
-            self._cond.notify_all()
-
-    def wait(self, seen: int, timeout: float) -> int:
-        """Block until the generation differs from ``seen`` or ``timeout`` passes."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.generation != seen, timeout=timeout)
-            return self.generation
-
-
 class _NoContent(logging.Filter):
     """Drop aiosmtpd records that carry message data or raw protocol lines."""
 
@@ -101,16 +81,6 @@ class _NoContent(logging.Filter):
             peer = record.args[:1] if isinstance(record.args, tuple) else ("?",)
             record.msg, record.args = "%r sent an unrecognised command", peer
         return not record.msg.startswith(_CONTENT_LOGS)
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses: reachable from this machine only."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def transport_defects(raw: bytes) -> list[str]:
@@ -129,24 +99,6 @@ def _shown(text: str) -> str:
     """Client text fit to quote in a reply: printable ASCII only, at most 100 characters."""
     kept = "".join(c for c in text if " " < c <= "~")[:100]
     return kept or "(unprintable)"
-
-
-def normalize_domain(domain: str) -> str:
-    """Lower case, no trailing dot, IDNA (punycode) form: the form domains are compared in."""
-    domain = domain.strip().rstrip(".").lower()
-    try:
-        return domain.encode("idna").decode("ascii")
-    except UnicodeError:
-        return domain
-
-
-def split_address(address: str) -> tuple[str, str | None, str] | None:
-    """``alias+tag@domain`` → (alias, tag, domain), lower-cased; None if not an address."""
-    local, at, domain = address.strip().rpartition("@")
-    if not at or not local or not domain:
-        return None
-    alias, plus, tag = local.lower().partition("+")
-    return alias, (tag if plus else None), normalize_domain(domain)
 
 
 def _address_problem(address: str, smtputf8: bool) -> str | None:
@@ -448,49 +400,6 @@ class _Protocol(SMTP):
 
 for _verb in _HTTP_VERBS:  # methods named smtp_<VERB> are how aiosmtpd finds commands
     setattr(_Protocol, f"smtp_{_verb}", _Protocol._http_request)
-
-
-class SmtpEndpoint:
-    """Where the app under test sends mail: host, port and ready-made framework settings."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host = host
-        self.port = port
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.smtp_url}>"
-
-    @property
-    def smtp_url(self) -> str:
-        return f"smtp://{self.host}:{self.port}"
-
-    @property
-    def settings(self) -> dict[str, dict[str, Any]]:
-        """Ready-made mail settings: Django, Flask-Mail, and environment for a subprocess."""
-        return {
-            "django": {
-                "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
-                "EMAIL_HOST": self.host,
-                "EMAIL_PORT": self.port,
-                "EMAIL_HOST_USER": "",
-                "EMAIL_HOST_PASSWORD": "",
-                "EMAIL_USE_TLS": False,
-                "EMAIL_USE_SSL": False,
-            },
-            "flask": {
-                "MAIL_SERVER": self.host,
-                "MAIL_PORT": self.port,
-                # Flask-Mail suppresses sending when app.testing is on, unless told not to.
-                "MAIL_SUPPRESS_SEND": False,
-                "MAIL_USE_TLS": False,
-                "MAIL_USE_SSL": False,
-            },
-            "env": {
-                "SMTP_HOST": self.host,
-                "SMTP_PORT": str(self.port),
-                "SMTP_URL": self.smtp_url,
-            },
-        }
 
 
 class MailSink(SmtpEndpoint):
