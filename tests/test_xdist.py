@@ -329,6 +329,58 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     assert sorted(c[0] for c in claims) == ["consumed", "expired"]
 
 
+def test_a_worker_killed_after_the_mailbox_teardown_still_leaves_its_receipt(
+    pytester: pytest.Pytester,
+) -> None:
+    """A later fixture's teardown kills the worker (pytest-timeout's thread method calls
+    ``os._exit``): the mailbox's own teardown had released it and made its receipt, which
+    died with the worker. The controller rebuilds it from the store for the crash report."""
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(
+        """
+        import os
+
+        import pytest
+
+
+        @pytest.fixture
+        def killed_in_teardown():
+            yield
+            os._exit(1)
+
+
+        def test_dies_after(killed_in_teardown, isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+
+
+        @pytest.mark.parametrize("n", range(2))
+        def test_fine(isolated_mailbox, send, n):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+        """
+    )
+    result = pytester.runpytest(
+        "-n", "2", "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
+    )
+    # its call passed and was reported; then the crash report fails it
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["*crashed*", "*- mailbox -*", "*released*released_success"])
+    died = [
+        Receipt.model_validate_json(p.get("value", ""))
+        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+        if case.get("name") == "test_dies_after"
+        for p in case.iter("property")
+        if p.get("name") == "mailbox.receipt"
+    ]
+    assert [(r.state, r.close_reason) for r in died] == [("released", "released_success")]
+    assert [m.state for m in died[0].messages] == ["consumed"]
+    assert "orphaned" not in [e.status for e in died[0].events]  # released, not expired
+    # one receipt per mailbox: the two passing tests' receipts are not repeated
+    lines = (pytester.path / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len({Receipt.model_validate_json(line).mailbox_id for line in lines}) == len(lines) == 3
+
+
 @pytest.mark.parametrize("stop", ["-x", "--maxfail=1"])
 def test_stopping_early_leaves_no_orphans(pytester: pytest.Pytester, stop: str) -> None:
     pytester.makeconftest(SEND_CONFTEST)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import types
 import uuid
 from collections.abc import Generator, Iterator
@@ -86,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
     if config.pluginmanager.hasplugin("html") and not _is_worker(config):
         config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
-    if config.pluginmanager.hasplugin("xdist") and not _is_worker(config):
+    if getattr(config.option, "dist", "no") != "no" and not _is_worker(config):
         config.pluginmanager.register(_CrashReceipts(config), "mailbox-crashes")
 
 
@@ -373,16 +374,26 @@ class _ReceiptWriter:
 
 
 class _CrashReceipts:
-    """xdist's controller: a worker died inside a test, which never reached its teardown.
+    """xdist's controller: a worker died inside a test, whose teardown report never came.
 
     The test's open mailboxes are closed at once (``orphaned``, then ``expired``: what the
-    end of the run would do to them, only sooner) and their receipts go into the crash
-    report, as a passing teardown would have put them: a property (JUnit XML too), the
-    JSON Lines file, and a ``mailbox`` section with the timeline.
+    end of the run would do to them, only sooner). The receipt of every mailbox the test
+    reserved in that worker and that no report brought here goes into the crash report,
+    as a passing teardown would have put it: a property (JUnit XML too), the JSON Lines
+    file, and a ``mailbox`` section with the timeline. That includes a mailbox its own
+    teardown released before a later fixture's teardown killed the worker.
     """
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+        self.reported: set[str] = set()  # the mailbox ids of the receipts reports brought
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "teardown":
+            return
+        for name, value in report.user_properties:
+            if name == RECEIPT_PROPERTY:
+                self.reported.add(json.loads(str(value))["mailbox_id"])
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(
@@ -402,12 +413,16 @@ class _CrashReceipts:
 
         store = Store(path)
         try:
-            closed = store.close_orphans(
+            store.close_orphans(
                 owner=crashitem,
                 worker=worker,
                 detail=f"worker {worker} crashed while running the test",
             )
-            rows = [store.mailbox(mailbox_id) for mailbox_id in closed]
+            rows = [
+                store.mailbox(mailbox_id)
+                for mailbox_id in store.mailbox_ids(owner=crashitem, worker=worker)
+                if mailbox_id not in self.reported
+            ]
             contract = config.stash[_settings_key].contract
             receipts = [
                 Mailbox(store, row, contract=contract, nodeid=crashitem)

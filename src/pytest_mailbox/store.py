@@ -979,6 +979,14 @@ class Store:
             self._expire_mailboxes(tx, now)
         return orphans
 
+    def mailbox_ids(self, *, owner: str, worker: str) -> list[str]:
+        """The mailboxes ``owner`` (a test's node id) reserved in ``worker``, oldest first."""
+        rows = self._conn().execute(
+            "SELECT mailbox_id FROM mailboxes WHERE owner = ? AND worker = ? ORDER BY created_at",
+            (owner, worker),
+        )
+        return [str(row[0]) for row in rows]
+
     def stats(self) -> dict[str, int]:
         """Counts for the terminal summary."""
         conn = self._conn()
