@@ -157,17 +157,10 @@ SELECTOR_FIELDS: dict[str, str] = {
 }
 
 
-#: Models the plugin does not need to read its options are built (their validators and
-#: serialisers compiled) the first time they are used: the xdist controller never is.
-_BUILT_ON_FIRST_USE = ConfigDict(defer_build=True)
-
-
 class Selector(BaseModel):
     """What a test expects of its message; every given field must match."""
 
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, arbitrary_types_allowed=True, defer_build=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     subject: str | None = None
     subject_contains: str | None = None
@@ -285,8 +278,6 @@ def utc(ts: float) -> datetime:
 class SecretDigest(BaseModel):
     """An extracted link or code, recorded without its value."""
 
-    model_config = _BUILT_ON_FIRST_USE
-
     kind: Literal["link", "code"]
     sha256: str
     last2: str
@@ -295,8 +286,6 @@ class SecretDigest(BaseModel):
 
 class MessageReceipt(BaseModel):
     """One message as the run saw it."""
-
-    model_config = _BUILT_ON_FIRST_USE
 
     message_id: str
     received_at: datetime
@@ -311,8 +300,6 @@ class MessageReceipt(BaseModel):
 class ReceiptEvent(BaseModel):
     """One step of the run's timeline."""
 
-    model_config = _BUILT_ON_FIRST_USE
-
     at: datetime
     status: str
     detail: str = ""
@@ -320,8 +307,6 @@ class ReceiptEvent(BaseModel):
 
 class AgentEvidence(BaseModel):
     """One agent tool call: ``proposed → allowed → executed`` (or ``refused``), or ``rejected``."""
-
-    model_config = _BUILT_ON_FIRST_USE
 
     at: datetime
     run_id: str
@@ -338,8 +323,6 @@ class AgentEvidence(BaseModel):
 
 class Receipt(BaseModel):
     """The small, secret-free record of one run: reserved, saw, claimed, consumed, closed."""
-
-    model_config = _BUILT_ON_FIRST_USE
 
     version: int = 1
     run_id: str
