@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 CELL_SEPARATOR = re.compile(r"(?<!\\)\|")
 
@@ -94,3 +96,20 @@ def test_a_rerun_keeps_what_people_wrote_around_the_generated_part(tmp_path: Pat
     assert "second" in text
     assert "first" not in text
     assert text.endswith("## Fixes\n\nkept\n")
+
+
+def test_the_warm_up_caches_the_bytecode_of_the_modules_a_test_imports(tmp_path: Path) -> None:
+    """The timed runs write no bytecode, so whatever the warm-up did not import is compiled
+    again in every run: the plugin imports its sink, store and mailbox at the first test."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import suites  # noqa: PLC0415 - a script directory, not a package dep
+    finally:
+        sys.path.remove(str(ROOT))
+    cache = ROOT / "src" / "pytest_mailbox" / "__pycache__"
+    lazy = ("mailbox", "message", "sink", "store")
+    tag = f"{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
+    for name in lazy:
+        (cache / f"{name}.{tag}").unlink(missing_ok=True)
+    suites.precompile(tmp_path)
+    assert all((cache / f"{name}.{tag}").exists() for name in lazy)
