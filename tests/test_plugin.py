@@ -549,12 +549,19 @@ def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):
         found = sorted(m for m in {HEAVY!r} if m in sys.modules)
         (config.rootpath / "controller.txt").write_text(repr(found))
+
+
+def pytest_collection_finish(session):
+    name = getattr(session.config, "workerinput", {{}}).get("workerid", "main")
+    found = sorted(m for m in {HEAVY!r} if m in sys.modules)
+    (session.config.rootpath / f"collected-{{name}}.txt").write_text(repr(found))
 """
 
 
 def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) -> None:
     """The controller runs no test and no sink: before it starts the workers it reads the
-    options only, and it never imports asyncio and aiosmtpd (about 0.1 s of every start)."""
+    options only, and it never imports asyncio and aiosmtpd (about 0.1 s of every start).
+    A process that runs tests imports them before it collects, not in its first test."""
     pytester.makeconftest(SENDER_CONFTEST + CONTROLLER_CONFTEST)
     pytester.makepyfile(test_suite=USER_SUITE)
     others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
@@ -562,6 +569,11 @@ def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) 
     result = pytester.runpytest_subprocess(*off, "-n", "2")  # smtpdfix imports aiosmtpd
     result.assert_outcomes(passed=5)
     assert (pytester.path / "controller.txt").read_text() == "[]"
+    result = pytester.runpytest_subprocess(*off, "-n", "0")
+    result.assert_outcomes(passed=5)
+    every = repr(sorted(HEAVY))
+    for name in ("gw0", "gw1", "main"):
+        assert (pytester.path / f"collected-{name}.txt").read_text() == every
 
 
 def test_the_package_imports_the_mailbox_and_the_sink_when_first_asked() -> None:

@@ -78,6 +78,11 @@ def pytest_configure(config: pytest.Config) -> None:
         _warn_exposed(config, settings.host)
     config.stash[_settings_key] = settings
     config.stash[_signal_key] = Signal()
+    if _is_worker(config) or getattr(config.option, "dist", "no") == "no":
+        # A process that runs tests imports them now, before collection, as it always did:
+        # not inside its first test's setup (where a per-test timeout would count them).
+        import pytest_mailbox.mailbox  # noqa: PLC0415 - the controller skips them
+        import pytest_mailbox.sink  # noqa: F401, PLC0415
     config.stash[_fixtures_key] = fixtures = _Fixtures(config)
     config.pluginmanager.register(fixtures.plugin(), "mailbox-fixtures")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
