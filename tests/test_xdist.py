@@ -52,6 +52,17 @@ def _store(pytester: pytest.Pytester) -> sqlite3.Connection:
     return sqlite3.connect(pytester.path.parent / "basetemp" / STORE_NAME)
 
 
+def _junit_receipts(junit: Path, test: str) -> list[Receipt]:
+    """The receipts JUnit XML records for the test case named ``test``."""
+    return [
+        Receipt.model_validate_json(p.get("value", ""))
+        for case in ET.parse(junit).getroot().iter("testcase")
+        if case.get("name") == test
+        for p in case.iter("property")
+        if p.get("name") == "mailbox.receipt"
+    ]
+
+
 def _receipt_count(junit: Path) -> int:
     root = ET.parse(junit).getroot()
     return sum(1 for p in root.iter("property") if p.get("name") == "mailbox.receipt")
@@ -288,13 +299,7 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     )
     assert "database is locked" not in result.stdout.str()
     # Its receipt is in the JUnit XML and the JSON Lines file, like every other test's.
-    crashed = [
-        Receipt.model_validate_json(p.get("value", ""))
-        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
-        if case.get("name") == "test_crashes_holding_a_claim"
-        for p in case.iter("property")
-        if p.get("name") == "mailbox.receipt"
-    ]
+    crashed = _junit_receipts(pytester.path / "junit.xml", "test_crashes_holding_a_claim")
     assert [(r.state, r.close_reason) for r in crashed] == [("expired", "expired_timeout")]
     assert [m.state for m in crashed[0].messages] == ["waiting"]
     assert [e.status for e in crashed[0].events][-2:] == ["orphaned", "expired"]
@@ -366,13 +371,7 @@ def test_a_worker_killed_after_the_mailbox_teardown_still_leaves_its_receipt(
     # its call passed and was reported; then the crash report fails it
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["*crashed*", "*- mailbox -*", "*released*released_success"])
-    died = [
-        Receipt.model_validate_json(p.get("value", ""))
-        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
-        if case.get("name") == "test_dies_after"
-        for p in case.iter("property")
-        if p.get("name") == "mailbox.receipt"
-    ]
+    died = _junit_receipts(pytester.path / "junit.xml", "test_dies_after")
     assert [(r.state, r.close_reason) for r in died] == [("released", "released_success")]
     assert [m.state for m in died[0].messages] == ["consumed"]
     assert "orphaned" not in [e.status for e in died[0].events]  # released, not expired
