@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 BENCHMARKS = ("ingest", "wakeup", "claims", "rss", "suites", "xdist")
+CORES = os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -404,22 +405,29 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
     # imports, the session's sink) and a marginal cost per test. Full runs only.
     ones = {kind: suites.generate(tmp / "one", kind, 1) for kind in kinds}
     walls: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpus: dict[str, list[float]] = {kind: [] for kind in kinds}
     fixed: dict[str, list[float]] = {kind: [] for kind in kinds}
     for _ in range(plan.rounds):
         for kind in kinds:
-            walls[kind].append(suites.run(paths[kind], kind, plan.tests))
+            timing = suites.run(paths[kind], kind, plan.tests)
+            walls[kind].append(timing.wall)
+            cpus[kind].append(timing.cpu)
             if plan.mode == "full":
-                fixed[kind].append(suites.run(ones[kind], kind, 1))
+                fixed[kind].append(suites.run(ones[kind], kind, 1).wall)
     base = median(walls["bare"])
+    base_cpu = median(cpus["bare"])
 
     def marginal(kind: str) -> float:
         return (median(walls[kind]) - median(fixed[kind])) / (plan.tests - 1) * 1e3
 
     for kind in kinds:
         wall = median(walls[kind])
+        cpu = median(cpus[kind])
         detail = (
             f"median of {plan.rounds} run(s), `-n 0`; "
-            f"{(wall - base) / plan.tests * 1e3:+.2f} ms per test vs bare"
+            f"{(wall - base) / plan.tests * 1e3:+.2f} ms per test vs bare; "
+            f"CPU (user + system, all threads) {cpu:.2f} s, "
+            f"{(cpu - base_cpu) / plan.tests * 1e3:+.2f} ms per test vs bare"
         )
         if fixed[kind]:
             detail += (
@@ -474,7 +482,8 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
             f"{plan.tests:,}-test suite ≤ 1.2× bare list sink",
             f"{got:.2f}× ({mine:.2f} vs {base:.2f} s)",
             got <= 1.2,
-            f"{(mine - base) / plan.tests * 1e3:+.2f} ms per test",
+            f"{(mine - base) / plan.tests * 1e3:+.2f} ms per test; CPU "
+            f"{(median(cpus['mailbox']) - base_cpu) / plan.tests * 1e3:+.2f} ms per test",
         )
     )
     if "smtpdfix" in walls:
@@ -508,21 +517,35 @@ def bench_xdist(plan: Plan, tmp: Path, out: Results) -> None:
     """
     kinds = ["bare", "mailbox"]
     suites.precompile(tmp)
-    walls: dict[tuple[str, int], list[float]] = {}
+    runs: dict[tuple[str, int], list[suites.Timing]] = {}
     paths = {kind: suites.generate(tmp / "xdist", kind, plan.tests) for kind in kinds}
     rounds = plan.rounds
     for r in range(rounds):
         for kind in kinds if r % 2 == 0 else kinds[::-1]:
             for workers in (0, 2):
-                wall = suites.run(paths[kind], kind, plan.tests, workers=workers)
-                walls.setdefault((kind, workers), []).append(wall)
-    speedup = {}
+                timing = suites.run(paths[kind], kind, plan.tests, workers=workers)
+                runs.setdefault((kind, workers), []).append(timing)
+    speedup, floor = {}, {}
     for kind in kinds:
-        paired = [two / zero for zero, two in zip(walls[kind, 0], walls[kind, 2], strict=True)]
+        pairs = list(zip(runs[kind, 0], runs[kind, 2], strict=True))
+        paired = [two.wall / zero.wall for zero, two in pairs]
         speedup[kind] = median(paired)
+        # What the round's `-n 2` run would have taken on every core, busy from start to
+        # end, with the CPU it used: the best speed-up that CPU allowed.
+        floor[kind] = median([two.cpu / CORES / zero.wall for zero, two in pairs])
         each = ", ".join(f"{x:.2f}×" for x in paired)
         for workers in (0, 2):
-            wall = median(walls[kind, workers])
+            wall = median([t.wall for t in runs[kind, workers]])
+            cpu = median([t.cpu for t in runs[kind, workers]])
+            detail = (
+                f"median of {rounds} run(s); CPU (user + system, all processes) {cpu:.2f} s, "
+                f"{cpu / wall:.2f} of {CORES} cores busy"
+            )
+            if workers:
+                detail += (
+                    f"; ratio: median of each round's, {each}; that CPU on {CORES} cores "
+                    f"busy throughout: {floor[kind]:.2f}×"
+                )
             out.rows.append(
                 Row(
                     "pytest-xdist",
@@ -531,11 +554,13 @@ def bench_xdist(plan: Plan, tmp: Path, out: Results) -> None:
                     wall,
                     ratio=1.0 if workers == 0 else speedup[kind],
                     baseline="same suite, `-n 0`",
-                    detail=f"median of {rounds} run(s)"
-                    + (f"; ratio: median of each round's, {each}" if workers else ""),
+                    detail=detail,
                 )
             )
-    note = f"bare list sink suite: {speedup['bare']:.2f}×"
+    note = (
+        f"bare list sink suite: {speedup['bare']:.2f}×; the `-n 2` run's CPU on {CORES} "
+        f"cores busy throughout: {floor['mailbox']:.2f}× (bare {floor['bare']:.2f}×)"
+    )
     out.targets.append(
         Target(
             f"{plan.tests:,}-test suite: `-n 2` ≤ 0.65× `-n 0`",

@@ -15,10 +15,12 @@ import importlib.metadata
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_MODULE = 100
@@ -189,10 +191,23 @@ def command(kind: str, workers: int | None) -> list[str]:
     return [*args, "--basetemp", "basetemp"]
 
 
+class Timing(NamedTuple):
+    """One run of a suite: the ``pytest`` process's wall time, and the CPU time (user and
+    system, in seconds) of that process and of every process it started (xdist's workers)."""
+
+    wall: float
+    cpu: float
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def run(
     path: Path, kind: str, count: int, workers: int | None = None, phases: Path | None = None
-) -> float:
-    """Run the suite once; the wall time in seconds of the whole ``pytest`` process.
+) -> Timing:
+    """Run the suite once; its wall time and the CPU time of all its processes.
 
     ``phases`` also loads ``benchmarks.phases``, which writes the suite's time per test in
     setup, call and teardown to that file.
@@ -208,14 +223,18 @@ def run(
     argv = command(kind, workers)
     if phases is not None:
         argv[4:4] = ["-p", "benchmarks.phases"]
+    # The workers are the controller's children: it waits for them, so their CPU time is
+    # in its own children's, and so in ours once it has exited.
+    cpu = _children_cpu()
     start = time.perf_counter()
     done = subprocess.run(
         argv, cwd=path, env=env, capture_output=True, text=True, timeout=1800, check=False
     )
     elapsed = time.perf_counter() - start
+    cpu = _children_cpu() - cpu
     passed = re.search(r"(\d+) passed", done.stdout)
     if done.returncode != 0 or passed is None or int(passed.group(1)) != count:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
         msg = f"the {kind} suite did not pass ({' '.join(argv[3:])}):\n{tail}"
         raise RuntimeError(msg)
-    return elapsed
+    return Timing(elapsed, cpu)

@@ -113,3 +113,33 @@ def test_the_warm_up_caches_the_bytecode_of_the_modules_a_test_imports(tmp_path:
         (cache / f"{name}.{tag}").unlink(missing_ok=True)
     suites.precompile(tmp_path)
     assert all((cache / f"{name}.{tag}").exists() for name in lazy)
+
+
+def test_the_xdist_rows_count_the_cpu_of_every_process(tmp_path: Path) -> None:
+    """The `-n 2` figure comes with the CPU its processes used, workers included, and the
+    speed-up that CPU would allow on every core: what bounds the figure on this machine."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import suites  # noqa: PLC0415 - a script directory, not a package dep
+    finally:
+        sys.path.remove(str(ROOT))
+    path = suites.generate(tmp_path, "mailbox", 4)
+    alone = suites.run(path, "mailbox", 4)
+    spread = suites.run(path, "mailbox", 4, workers=2)
+    assert alone.cpu > 0
+    # Two workers each import pytest-mailbox and start a sink, beside the controller: more
+    # CPU than one process doing it all, unless the workers' CPU went uncounted.
+    assert spread.cpu > alone.cpu
+
+    raw = tmp_path / "results.json"
+    argv = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--only", "xdist"]
+    argv += ["--out", str(tmp_path / "performance.md"), "--json", str(raw)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads(raw.read_text(encoding="utf-8"))
+    details = [row["detail"] for row in results["rows"] if "`-n 2`" in row["name"]]
+    assert len(details) == 2
+    assert all(re.search(r"CPU \(user \+ system, all processes\) \d+\.\d\d s", d) for d in details)
+    assert all(re.search(r"cores busy throughout: \d+\.\d\d×", d) for d in details)
+    (target,) = results["targets"]
+    assert re.search(r"cores busy throughout: \d+\.\d\d× \(bare \d+\.\d\d×\)", target["note"])
