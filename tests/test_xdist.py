@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import socket
 import sqlite3
 import subprocess
@@ -410,3 +411,39 @@ def test_stopping_early_leaves_no_orphans(pytester: pytest.Pytester, stop: str) 
     assert len(releases) == reserved
     assert all(count == 1 for _, count in releases)  # one teardown per mailbox
     assert _receipt_count(pytester.path / "junit.xml") == reserved
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The controller reads every teardown report's receipts (xdist's crash bookkeeping,
+    pytest-html's rows): a test's own property of that name, holding something else, is
+    passed over, not an INTERNALERROR that ends everyone's run."""
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_text(request):
+            request.node.user_properties.append(("mailbox.receipt", "not a receipt"))
+
+
+        def test_json_of_another_shape(request):
+            request.node.user_properties.append(("mailbox.receipt", '["a", "list"]'))
+
+
+        def test_mail(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+        """
+    )
+    result = pytester.runpytest(
+        "-n", workers, "--html=report.html", "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl"
+    )
+    result.assert_outcomes(passed=3)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    (receipt,) = _junit_receipts(pytester.path / "junit.xml", "test_mail")
+    assert receipt.close_reason == "released_success"
+    (line,) = (pytester.path / "r.jsonl").read_text(encoding="utf-8").splitlines()
+    assert Receipt.model_validate_json(line) == receipt
+    page = html.unescape((pytester.path / "report.html").read_text(encoding="utf-8"))
+    assert page.count("mailbox-receipt") == 1  # test_mail's row; the others have none

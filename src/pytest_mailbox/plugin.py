@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import json
 import types
 import uuid
 from collections.abc import Generator, Iterator
@@ -369,10 +368,9 @@ class _ReceiptWriter:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when not in ("teardown", "???"):  # "???": xdist's report of a crash
             return
-        for name, value in report.user_properties:
-            if name == RECEIPT_PROPERTY:
-                self.stream.write(f"{value}\n")
-                self.stream.flush()
+        for value, _ in _receipts_of(report):
+            self.stream.write(f"{value}\n")
+            self.stream.flush()
 
     def pytest_unconfigure(self) -> None:
         self.stream.close()
@@ -394,11 +392,8 @@ class _CrashReceipts:
         self.reported: set[str] = set()  # the mailbox ids of the receipts reports brought
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "teardown":
-            return
-        for name, value in report.user_properties:
-            if name == RECEIPT_PROPERTY:
-                self.reported.add(json.loads(str(value))["mailbox_id"])
+        if report.when == "teardown":
+            self.reported.update(receipt.mailbox_id for _, receipt in _receipts_of(report))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(
@@ -456,6 +451,18 @@ def pytest_terminal_summary(
         terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 
 
+def _receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]]:
+    """The receipts among a report's properties, as written and as read. A test's own
+    property that borrowed the name and holds something else is passed over: a user's
+    value must not stop the run, nor reach the receipts file."""
+    for name, value in report.user_properties:
+        if name == RECEIPT_PROPERTY:
+            try:
+                yield str(value), Receipt.model_validate_json(str(value))
+            except ValidationError:
+                continue
+
+
 class _HtmlReceipts:
     """pytest-html: each test's row shows its receipt's timeline (registered only with it)."""
 
@@ -465,11 +472,7 @@ class _HtmlReceipts:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Runs before pytest-html's own (trylast) logreport, which renders the row.
         if report.when == "teardown":
-            self.receipts[report.nodeid] = [
-                Receipt.model_validate_json(str(value))
-                for name, value in report.user_properties
-                if name == RECEIPT_PROPERTY
-            ]
+            self.receipts[report.nodeid] = [receipt for _, receipt in _receipts_of(report)]
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         for receipt in self.receipts.get(report.nodeid, []):
