@@ -431,6 +431,10 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
             request.node.user_properties.append(("mailbox.receipt", '["a", "list"]'))
 
 
+        def test_an_id_and_nothing_else(request):
+            request.node.user_properties.append(("mailbox.receipt", '{"mailbox_id": "mbx-1"}'))
+
+
         def test_mail(isolated_mailbox, send):
             send(isolated_mailbox.address)
             isolated_mailbox.wait_for().ack()
@@ -439,7 +443,7 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
     result = pytester.runpytest(
         "-n", workers, "--html=report.html", "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl"
     )
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     (receipt,) = _junit_receipts(pytester.path / "junit.xml", "test_mail")
     assert receipt.close_reason == "released_success"

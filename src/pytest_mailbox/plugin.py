@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import html
+import json
 import types
 import uuid
 from collections.abc import Generator, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -368,7 +370,7 @@ class _ReceiptWriter:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when not in ("teardown", "???"):  # "???": xdist's report of a crash
             return
-        for value, _ in _receipts_of(report):
+        for value, _ in _full_receipts_of(report):
             self.stream.write(f"{value}\n")
             self.stream.flush()
 
@@ -393,7 +395,7 @@ class _CrashReceipts:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "teardown":
-            self.reported.update(receipt.mailbox_id for _, receipt in _receipts_of(report))
+            self.reported.update(mailbox_id for _, mailbox_id in _receipts_of(report))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(
@@ -451,16 +453,26 @@ def pytest_terminal_summary(
         terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 
 
-def _receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]]:
-    """The receipts among a report's properties, as written and as read. A test's own
+def _receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, str]]:
+    """(value, mailbox id) of each receipt among a report's properties. A test's own
     property that borrowed the name and holds something else is passed over: a user's
-    value must not stop the run, nor reach the receipts file."""
+    value must not stop the run, nor reach the receipts file. (``json.loads``, not the
+    model: the controller reads every test's receipt, and needs only the id.)"""
     for name, value in report.user_properties:
         if name == RECEIPT_PROPERTY:
             try:
-                yield str(value), Receipt.model_validate_json(str(value))
-            except ValidationError:
+                found = json.loads(str(value))
+            except ValueError:
                 continue
+            if isinstance(found, dict) and isinstance(found.get("mailbox_id"), str):
+                yield str(value), found["mailbox_id"]
+
+
+def _full_receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]]:
+    """(value, receipt) of each property that holds a whole receipt."""
+    for value, _ in _receipts_of(report):
+        with suppress(ValidationError):
+            yield value, Receipt.model_validate_json(value)
 
 
 class _HtmlReceipts:
@@ -472,7 +484,7 @@ class _HtmlReceipts:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Runs before pytest-html's own (trylast) logreport, which renders the row.
         if report.when == "teardown":
-            self.receipts[report.nodeid] = [receipt for _, receipt in _receipts_of(report)]
+            self.receipts[report.nodeid] = [receipt for _, receipt in _full_receipts_of(report)]
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         for receipt in self.receipts.get(report.nodeid, []):
