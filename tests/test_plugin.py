@@ -561,7 +561,7 @@ def pytest_collection_finish(session):
 def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) -> None:
     """The controller runs no test and no sink: before it starts the workers it reads the
     options only, and it never imports asyncio and aiosmtpd (about 0.1 s of every start).
-    A process that runs tests imports them before it collects, not in its first test."""
+    A process that runs mailbox tests imports them once collected, not in its first test."""
     pytester.makeconftest(SENDER_CONFTEST + CONTROLLER_CONFTEST)
     pytester.makepyfile(test_suite=USER_SUITE)
     others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
@@ -574,6 +574,50 @@ def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) 
     every = repr(sorted(HEAVY))
     for name in ("gw0", "gw1", "main"):
         assert (pytester.path / f"collected-{name}.txt").read_text() == every
+
+
+NO_MAIL_CONFTEST = f"""
+import sys
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    name = getattr(config, "workerinput", {{}}).get("workerid", "main")
+    found = sorted(m for m in {HEAVY!r} if m in sys.modules)
+    (config.rootpath / f"ended-{{name}}.txt").write_text(repr(found))
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_without_mailbox_tests_never_imports_the_sink(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The plugin is loaded in every pytest run of a project that installs it; a run of the
+    project's other tests pays for no sink, no event loop and no mailbox."""
+    pytester.makeconftest(NO_MAIL_CONFTEST)
+    pytester.makepyfile(
+        test_plain="""
+        def test_one(email_contract):  # the contract alone needs no sink
+            assert email_contract.purpose
+
+
+        def test_two():
+            pass
+        """
+    )
+    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
+    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result.assert_outcomes(passed=2)
+    ended = sorted(path.name for path in pytester.path.glob("ended-*.txt"))
+    assert ended == (
+        ["ended-main.txt"]
+        if workers == "0"
+        else ["ended-gw0.txt", "ended-gw1.txt", "ended-main.txt"]
+    )
+    assert all(pytester.path.joinpath(name).read_text() == "[]" for name in ended)
 
 
 def test_the_package_imports_the_mailbox_and_the_sink_when_first_asked() -> None:

@@ -79,11 +79,6 @@ def pytest_configure(config: pytest.Config) -> None:
         _warn_exposed(config, settings.host)
     config.stash[_settings_key] = settings
     config.stash[_signal_key] = Signal()
-    if _is_worker(config) or getattr(config.option, "dist", "no") == "no":
-        # A process that runs tests imports them now, before collection, as it always did:
-        # not inside its first test's setup (where a per-test timeout would count them).
-        import pytest_mailbox.mailbox  # noqa: PLC0415 - the controller skips them
-        import pytest_mailbox.sink  # noqa: F401, PLC0415
     config.stash[_fixtures_key] = fixtures = _Fixtures(config)
     config.pluginmanager.register(fixtures.plugin(), "mailbox-fixtures")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
@@ -154,6 +149,23 @@ def _new_sink(config: pytest.Config, store: Store, port: int) -> MailSink:
         signal=config.stash[_signal_key],
         name=_worker_name(config),
     )
+
+
+#: The fixtures that need the sink and the mailbox modules (asyncio, aiosmtpd, the store).
+_SINK_FIXTURES = frozenset({"mailbox_store", "mailbox_server", "isolated_mailbox"})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A process that will run a test using the sink imports it now, once collected: not
+    inside that test's setup, where a per-test timeout would count about 0.1 s of imports.
+    A run none of whose tests asks for a mailbox (and the xdist controller, which runs no
+    test) never imports them."""
+    if not _is_worker(config) and getattr(config.option, "dist", "no") != "no":
+        return
+    if any(not _SINK_FIXTURES.isdisjoint(getattr(i, "fixturenames", ())) for i in items):
+        import pytest_mailbox.mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
+        import pytest_mailbox.sink  # noqa: F401, PLC0415
 
 
 @pytest.hookimpl(trylast=True)
