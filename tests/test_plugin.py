@@ -574,6 +574,17 @@ def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) 
     every = repr(sorted(HEAVY))
     for name in ("gw0", "gw1", "main"):
         assert (pytester.path / f"collected-{name}.txt").read_text() == every
+    # `--dist` without `-n` (an ini's addopts, with `-n` given in CI only) runs the tests
+    # in this one process: it imports them before the first test too.
+    main = pytester.path / "collected-main.txt"
+    main.unlink()
+    result = pytester.runpytest_subprocess(*off, "--dist", "loadscope")
+    result.assert_outcomes(passed=5)
+    assert main.read_text() == every
+    # Collecting only runs no test: nothing to import.
+    result = pytester.runpytest_subprocess(*off, "-n", "0", "--collect-only")
+    assert result.ret == 0
+    assert main.read_text() == "[]"
 
 
 NO_MAIL_CONFTEST = f"""
@@ -618,6 +629,33 @@ def test_a_run_without_mailbox_tests_never_imports_the_sink(
         else ["ended-gw0.txt", "ended-gw1.txt", "ended-main.txt"]
     )
     assert all(pytester.path.joinpath(name).read_text() == "[]" for name in ended)
+
+
+def test_a_mailbox_asked_for_at_run_time_imports_what_it_needs(
+    pytester: pytest.Pytester,
+) -> None:
+    """No collected test names a sink fixture, so nothing was imported at collection; a
+    test that asks for one with ``request.getfixturevalue`` gets it all the same."""
+    pytester.makeconftest(NO_MAIL_CONFTEST)
+    pytester.makepyfile(
+        test_dynamic="""
+        import smtplib
+        import sys
+
+
+        def test_asks(request):
+            assert "pytest_mailbox.sink" not in sys.modules
+            box = request.getfixturevalue("isolated_mailbox")
+            server = request.getfixturevalue("mailbox_server")
+            with smtplib.SMTP(server.host, server.port) as smtp:
+                smtp.sendmail("app@example.test", [box.address], "Subject: Hi\\r\\n\\r\\nhello")
+            box.wait_for(subject="Hi").ack()
+        """
+    )
+    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
+    result = pytester.runpytest_subprocess(*off, "-n", "0")
+    result.assert_outcomes(passed=1)
 
 
 def test_the_package_imports_the_mailbox_and_the_sink_when_first_asked() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from pytest_mailbox.contract import Receipt
 from pytest_mailbox.plugin import STORE_NAME
+from pytest_mailbox.receipts import read_receipts
 
 SEND_CONFTEST = """
 import smtplib
@@ -435,6 +436,10 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
             request.node.user_properties.append(("mailbox.receipt", '{"mailbox_id": "mbx-1"}'))
 
 
+        def test_nested_too_deep_for_json(request):
+            request.node.user_properties.append(("mailbox.receipt", "[" * 100_000))
+
+
         def test_mail(isolated_mailbox, send):
             send(isolated_mailbox.address)
             isolated_mailbox.wait_for().ack()
@@ -443,10 +448,11 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
     result = pytester.runpytest(
         "-n", workers, "--html=report.html", "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl"
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     (receipt,) = _junit_receipts(pytester.path / "junit.xml", "test_mail")
     assert receipt.close_reason == "released_success"
+    assert read_receipts(pytester.path / "junit.xml") == [receipt]  # what the CLI reads
     (line,) = (pytester.path / "r.jsonl").read_text(encoding="utf-8").splitlines()
     assert Receipt.model_validate_json(line) == receipt
     page = html.unescape((pytester.path / "report.html").read_text(encoding="utf-8"))

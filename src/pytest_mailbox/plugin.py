@@ -88,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
     if config.pluginmanager.hasplugin("html") and not _is_worker(config):
         config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
-    if getattr(config.option, "dist", "no") != "no" and not _is_worker(config):
+    if _is_controller(config):
         config.pluginmanager.register(_CrashReceipts(config), "mailbox-crashes")
 
 
@@ -120,6 +120,13 @@ def _warn_exposed(config: pytest.Config, host: str) -> None:
 
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    """xdist distributes this run's tests to workers (``--dist`` without ``-n`` or ``--tx``
+    runs them here, as xdist's own check says)."""
+    distributed = getattr(config.option, "dist", "no") != "no"
+    return distributed and bool(getattr(config.option, "tx", None)) and not _is_worker(config)
 
 
 def _worker_name(config: pytest.Config) -> str:
@@ -161,7 +168,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     inside that test's setup, where a per-test timeout would count about 0.1 s of imports.
     A run none of whose tests asks for a mailbox (and the xdist controller, which runs no
     test) never imports them."""
-    if not _is_worker(config) and getattr(config.option, "dist", "no") != "no":
+    if _is_controller(config) or config.option.collectonly:
         return
     if any(not _SINK_FIXTURES.isdisjoint(getattr(i, "fixturenames", ())) for i in items):
         import pytest_mailbox.mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
@@ -474,8 +481,10 @@ def _receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, str]]:
         if name == RECEIPT_PROPERTY:
             try:
                 found = json.loads(str(value))
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: "[" nested 100,000 deep
                 continue
+            # An id is all the crash bookkeeping reads; the receipts file and the pytest-html
+            # rows take only whole receipts (_full_receipts_of).
             if isinstance(found, dict) and isinstance(found.get("mailbox_id"), str):
                 yield str(value), found["mailbox_id"]
 

@@ -6,8 +6,11 @@ import argparse
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TextIO
+
+from pydantic import ValidationError
 
 from pytest_mailbox.contract import Receipt
 
@@ -17,16 +20,21 @@ RECEIPT_PROPERTY = "mailbox.receipt"
 
 
 def read_receipts(path: str | Path) -> list[Receipt]:
-    """Every receipt in a JUnit XML file (``<property name="mailbox.receipt">``) or JSONL file."""
+    """Every receipt in a JUnit XML file (``<property name="mailbox.receipt">``) or JSONL file.
+
+    A JUnit property of that name that holds no receipt (a test recorded its own) is
+    skipped; a JSON Lines file holds receipts only, and a line that is not one raises.
+    """
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("<"):
         root = ET.fromstring(text)
-        return [
-            Receipt.model_validate_json(prop.get("value", ""))
-            for prop in root.iter("property")
-            if prop.get("name") == RECEIPT_PROPERTY
-        ]
+        found: list[Receipt] = []
+        for prop in root.iter("property"):
+            if prop.get("name") == RECEIPT_PROPERTY:
+                with suppress(ValidationError):
+                    found.append(Receipt.model_validate_json(prop.get("value", "")))
+        return found
     return [Receipt.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
 
