@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 BENCHMARKS = ("ingest", "wakeup", "claims", "rss", "suites", "xdist")
-CORES = os.cpu_count() or 1
+#: The cores this process may run on (its affinity), which its suites' runs inherit.
+CORES = len(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,9 @@ def test_the_xdist_rows_count_the_cpu_of_every_process(tmp_path: Path) -> None:
     alone = suites.run(path, "mailbox", 4)
     spread = suites.run(path, "mailbox", 4, workers=2)
     assert alone.cpu > 0
-    # Two workers each import pytest-mailbox and start a sink, beside the controller: more
-    # CPU than one process doing it all, unless the workers' CPU went uncounted.
-    assert spread.cpu > alone.cpu
+    # Two workers each import pytest-mailbox and start a sink, beside the controller: about
+    # three times one process doing it all. The controller alone uses less than that one.
+    assert spread.cpu > 1.5 * alone.cpu
 
     raw = tmp_path / "results.json"
     argv = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--only", "xdist"]
