@@ -7,7 +7,6 @@ import json
 import types
 import uuid
 from collections.abc import Generator, Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,7 @@ from pytest_mailbox.contract import (
 from pytest_mailbox.contract import dump_receipt as _dump_receipt
 from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, is_loopback
 from pytest_mailbox.errors import ExposedSinkWarning
-from pytest_mailbox.receipts import RECEIPT_PROPERTY
+from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt
 from pytest_mailbox.settings import OPTIONS, Settings
 
 if TYPE_CHECKING:
@@ -211,7 +210,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _is_worker(config):
         return
     path = config.stash.get(_store_path_key, None)
-    if path is None and getattr(config.option, "dist", "no") != "no":
+    if path is None and _is_controller(config):
         # xdist created the basetemp that its workers share; their store lives there.
         factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
         path = store_path(config, factory)
@@ -492,8 +491,8 @@ def _receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, str]]:
 def _full_receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]]:
     """(value, receipt) of each property that holds a whole receipt."""
     for value, _ in _receipts_of(report):
-        with suppress(ValidationError):
-            yield value, Receipt.model_validate_json(value)
+        if (receipt := parse_receipt(value)) is not None:
+            yield value, receipt
 
 
 class _HtmlReceipts:

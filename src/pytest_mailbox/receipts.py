@@ -6,7 +6,6 @@ import argparse
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
-from contextlib import suppress
 from pathlib import Path
 from typing import TextIO
 
@@ -19,6 +18,15 @@ __all__ = ["RECEIPT_PROPERTY", "format_table", "main", "read_receipts"]
 RECEIPT_PROPERTY = "mailbox.receipt"
 
 
+def parse_receipt(value: str) -> Receipt | None:
+    """The receipt a ``mailbox.receipt`` value holds; None if it holds something else (a
+    test may record a property of that name itself)."""
+    try:
+        return Receipt.model_validate_json(value)
+    except ValidationError:
+        return None
+
+
 def read_receipts(path: str | Path) -> list[Receipt]:
     """Every receipt in a JUnit XML file (``<property name="mailbox.receipt">``) or JSONL file.
 
@@ -29,12 +37,12 @@ def read_receipts(path: str | Path) -> list[Receipt]:
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("<"):
         root = ET.fromstring(text)
-        found: list[Receipt] = []
-        for prop in root.iter("property"):
-            if prop.get("name") == RECEIPT_PROPERTY:
-                with suppress(ValidationError):
-                    found.append(Receipt.model_validate_json(prop.get("value", "")))
-        return found
+        parsed = (
+            parse_receipt(prop.get("value", ""))
+            for prop in root.iter("property")
+            if prop.get("name") == RECEIPT_PROPERTY
+        )
+        return [receipt for receipt in parsed if receipt is not None]
     return [Receipt.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
 
