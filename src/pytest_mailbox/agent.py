@@ -23,7 +23,7 @@ import secrets
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,12 +34,12 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 from pydantic import model_validator as _model_validator
 
-from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Selector, Status, utc
+from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status, utc
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, mask_secrets
 from pytest_mailbox.message import Message, _host, redact_url
-from pytest_mailbox.store import MessageRow, Outcome, Store
+from pytest_mailbox.store import Outcome, Store
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
 
@@ -722,42 +722,30 @@ class AgentTools:
 
     def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
         """Wait for messages carrying ``kind``, without claiming one."""
-        mailbox, selector = self.mailbox, Selector()
-        mailbox._mark_waiting(selector)
-        deadline = time.monotonic() + args.timeout
-
-        def steps() -> Generator[Any, None, list[MessageRow]]:  # Mailbox drives the waiting
-            while True:
-                pause = mailbox._pause_point(deadline)
-                matches, _ = mailbox._scan(selector)
-                offered = [row for row in matches if self._carries(row, args.kind)]
-                if offered or pause.remaining() <= 0:
-                    return offered
-                yield pause
-
-        offered = mailbox._run(steps())
+        offered = self.mailbox.look_for(
+            lambda message: self._carries(message, args.kind), timeout=args.timeout
+        )
         if not offered:
             waiting = f"no message with a {args.kind} yet"
             return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
         if len(offered) > 1:
-            ids = [row.message_id for row in offered]
+            ids = [row.message_id for row, _ in offered]
             reason = f"{len(ids)} messages carry a {args.kind}; claim one by message_id"
             return self._reply(Status.AMBIGUOUS, _call("claim_message"), reason, message_ids=ids)
-        row = offered[0]
+        ((row, message),) = offered
         return self._done(
             tool,
             message_id=row.message_id,
             kind=args.kind,
             received_at=utc(row.received_at),
-            link=self._link(mailbox._parsed_message(row)) if args.kind == "link" else None,
+            link=self._link(message) if args.kind == "link" else None,
         )
 
-    def _carries(self, row: MessageRow, kind: str) -> bool:
-        parsed = self.mailbox._parsed_message(row)
+    def _carries(self, message: Message, kind: str) -> bool:
         if kind == "link":
-            return self._link(parsed) is not None
+            return self._link(message) is not None
         try:
-            parsed.code()
+            message.code()
         except ExtractionError:
             return False
         return True

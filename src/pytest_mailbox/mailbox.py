@@ -286,6 +286,28 @@ class Mailbox:
         """``expect_none`` for async tests."""
         await self._run_async(self._none_steps(self._selector(selector), within))
 
+    def look_for(
+        self, keep: Callable[[Message], bool], *, timeout: float
+    ) -> list[tuple[MessageRow, Message]]:
+        """Wait up to ``timeout`` seconds for unclaimed messages after the checkpoint that
+        ``keep`` accepts, claiming none: those of the first look that finds any, or none.
+        Marks the mailbox waiting, as ``wait_for`` does (the agent's ``wait_for_message``)."""
+        selector = Selector()
+        self._mark_waiting(selector)
+        deadline = time.monotonic() + timeout
+
+        def steps() -> Generator[_Pause, None, list[tuple[MessageRow, Message]]]:
+            while True:
+                pause = self._pause_point(deadline)
+                matches, _ = self._scan(selector)
+                parsed = [(row, self._parsed_message(row)) for row in matches]
+                kept = [(row, message) for row, message in parsed if keep(message)]
+                if kept or pause.remaining() <= 0:
+                    return kept
+                yield pause
+
+        return self._run(steps())
+
     # One implementation of waiting: a generator of steps that yields each time it has to
     # pause, driven by a blocking runner (_run) or an awaiting one (_run_async).
 
