@@ -159,7 +159,7 @@ def test_a_scripted_agent_signs_up_and_every_call_is_evidence(
         "attempt": 1,
         "message_id": message_id,
         "kind": "link",
-        "link": f"https://{APP}/verify?token=…",
+        "link": f"https://{APP}/…?token=…",
         "next_action": {"do": "call", "tool": "claim_message"},
     }
     selector = {"message_id": message_id, "subject_contains": None}
@@ -171,7 +171,7 @@ def test_a_scripted_agent_signs_up_and_every_call_is_evidence(
         "fixture_id": fixture_id,
         "attempt": 1,
         "message_id": message_id,
-        "link": f"https://{APP}/verify?token=…",
+        "link": f"https://{APP}/…?token=…",
         "fence": fence,
         "next_action": {"do": "call", "tool": "ack_message"},
     }
@@ -363,17 +363,17 @@ def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
 
     reserve = {"purpose": "signup", "ttl": 121}
     assert tools.call("reserve_mailbox", reserve) == denied(
-        "reserve_mailbox", "ttl=121 exceeds this run's maximum of 120 seconds"
+        "reserve_mailbox", "ttl exceeds this run's maximum of 120 seconds"
     )
     assert strict.call("reserve_mailbox", {**reserve, "ttl": 61}) == denied(
-        "reserve_mailbox", "ttl=61 exceeds this run's maximum of 60 seconds"
+        "reserve_mailbox", "ttl exceeds this run's maximum of 60 seconds"
     )
     assert tools.call("reserve_mailbox", {"purpose": "reset", "ttl": 60}) == denied(
         "reserve_mailbox", "this run's mailbox is for purpose 'signup'"
     )
     claim = {"fixture_id": own, "selector": {}, "lease": 31}
     assert tools.call("claim_message", claim) == denied(
-        "claim_message", "lease=31 exceeds the contract's 30 seconds", own
+        "claim_message", "lease exceeds the contract's 30 seconds", own
     )
     assert untouched(mailbox_store, isolated_mailbox) == before
     assert {tuple(steps) for _, steps, _ in trail(isolated_mailbox)} == {("proposed", "rejected")}
@@ -424,7 +424,20 @@ def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
             {"fixture_id": "FID", "message_id": "m-0123456789ab", "fence": "7"},
             "invalid arguments for ack_message: fence: Input should be a valid integer",
         ),
+        (
+            "ack_message",
+            {"fixture_id": "FID", "message_id": "m-0123456789ab", "fence": 2**70},
+            "invalid arguments for ack_message: "
+            "fence: Input should be less than or equal to 9223372036854775807",
+        ),
+        (
+            "claim_message",
+            {"fixture_id": "FID", "selector": {"subject_contains": "Verify\r\nBcc"}},
+            "invalid arguments for claim_message: "
+            "selector.subject_contains: String should match pattern '^[^\\r\\n]*$'",
+        ),
         ("ack_message", "fence=7", "the arguments of ack_message must be a JSON object"),
+        ("ack_message", "[" * 100_000, "the arguments of ack_message must be a JSON object"),
         ("release_mailbox", "[]", "the arguments of release_mailbox must be a JSON object"),
         (
             "release_mailbox",
@@ -781,6 +794,31 @@ def test_wait_for_message_waits_for_the_mail_to_arrive(
         {"do": "call", "tool": "claim_message"},
     )
     assert found["message_id"] == isolated_mailbox.store.messages(found["fixture_id"])[0].message_id
+
+
+@pytest.mark.email_contract(purpose="signup", link_domains=[APP])
+def test_a_message_with_several_allowed_links_is_found_and_no_link_is_shown(
+    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+) -> None:
+    tokens = ["plum-tiger-cloud-river", "qzxwvkjhgfdsamnb"]  # tokens that look like words
+    mail = EmailMessage()
+    mail["From"], mail["To"], mail["Subject"] = f"noreply@{APP}", isolated_mailbox.address, "Hi"
+    mail.set_content(f"Confirm https://{APP}/magic/{tokens[0]} or https://{APP}/{tokens[1]}\n")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(mail)
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+
+    assert (found["status"], found["next_action"]) == (
+        "waiting",
+        {"do": "call", "tool": "claim_message"},
+    )
+    assert "link" not in found  # two candidates: the harness picks with reveal()
+    assert claimed["status"] == "claimed"
+    assert not any(token in json.dumps([found, claimed]) for token in tokens)
 
 
 # -- the test side -----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiosmtpd
 import pytest
@@ -28,7 +29,14 @@ from hypothesis import strategies as st
 
 import pytest_mailbox.sink as sink_module
 from pytest_mailbox import ContractError, EmailContract, Mailbox, Message
-from pytest_mailbox.sink import MailSink, _Handler, _Protocol, is_loopback, normalize_domain
+from pytest_mailbox.sink import (
+    MailSink,
+    SmtpEndpoint,
+    _Handler,
+    _Protocol,
+    is_loopback,
+    normalize_domain,
+)
 from pytest_mailbox.store import Delivery, MessageRow, Store
 
 DOMAIN = "mailbox.test"
@@ -631,12 +639,33 @@ def test_idn_domain_routes_the_same_in_utf8_and_punycode(sink: MailSink, client:
     utf8 = f"<{mailbox.alias}@BÜCHER.test>".encode()
     puny = f"<{mailbox.alias}@XN--BCHER-KVA.TEST>".encode()
 
-    assert client.cmd(b"RCPT TO:" + utf8) == b"250 2.1.5 OK\r\n"
-    assert client.cmd(b"RCPT TO:" + puny) == b"250 2.1.5 OK\r\n"
-    assert client.cmd(b"DATA").startswith(b"354")
-    client.send(b"Subject: idn\r\n\r\nhi\r\n.\r\n")
+    for rcpt, subject in ((utf8, b"utf8"), (puny, b"puny")):
+        assert client.cmd(b"RCPT TO:" + rcpt) == b"250 2.1.5 OK\r\n"
+        assert client.cmd(b"DATA").startswith(b"354")
+        client.send(b"Subject: " + subject + b"\r\n\r\nhi\r\n.\r\n")
+        assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+        if subject == b"utf8":
+            assert client.cmd(b"MAIL FROM:<app@example.test> SMTPUTF8") == b"250 2.1.0 OK\r\n"
+    assert [(r.rcpt, r.subject) for r in rows(sink, mailbox)] == [
+        (utf8[1:-1].decode(), "utf8"),
+        (puny[1:-1].decode(), "puny"),
+    ]
+
+
+def test_a_recipient_named_twice_gets_one_copy(sink: MailSink, client: Client) -> None:
+    mailbox = reserve(sink)
+    other = reserve(sink)
+    same = mailbox.address.upper().encode()  # another spelling of the same recipient
+    # To and Bcc naming one person: a real server delivers once, so a wait is not ambiguous.
+    client.envelope(
+        f"<{mailbox.address}>".encode(), b"<" + same + b">", f"<{other.address}>".encode()
+    )
+    client.send(b"Subject: twice\r\n\r\nhi\r\n.\r\n")
+
     assert client.reply() == b"250 2.0.0 Message accepted\r\n"
-    assert [r.rcpt for r in rows(sink, mailbox)] == [utf8[1:-1].decode(), puny[1:-1].decode()]
+    assert [r.rcpt for r in rows(sink, mailbox)] == [mailbox.address]
+    assert [r.rcpt for r in rows(sink, other)] == [other.address]
+    assert mailbox.wait_for(subject="twice", timeout=10).subject == "twice"
 
 
 def test_percent_hack_is_kept_as_unrouted_mail_of_our_domain(
@@ -1061,3 +1090,11 @@ def test_stop_right_after_a_connection_leaks_no_socket(tmp_path: Path) -> None:
         sink.stop()
         gc.collect()
     store.close()
+
+
+def test_an_ipv6_endpoint_gives_a_url_that_parses() -> None:
+    endpoint = SmtpEndpoint("::1", 2525)
+
+    assert endpoint.smtp_url == "smtp://[::1]:2525"
+    assert urlsplit(endpoint.smtp_url).hostname == "::1"
+    assert endpoint.settings["env"]["SMTP_HOST"] == "::1"

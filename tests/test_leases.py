@@ -146,9 +146,12 @@ def test_claim_of_a_consumed_message_is_already_consumed(store: Store, db: Path)
     before = snapshot(db)
 
     again = claim(store, mailbox, message_id, holder="run-2")
+    retried = claim(store, mailbox, message_id, holder="run-1")
 
-    assert again.status is Status.ALREADY_CONSUMED
-    assert (again.fence, again.holder) == (first.fence, "run-1")
+    assert again.status is retried.status is Status.ALREADY_CONSUMED
+    # The consuming fence goes back to its own holder only: it is that holder's proof.
+    assert (again.fence, again.holder) == (None, "run-1")
+    assert (retried.fence, retried.holder) == (first.fence, "run-1")
     assert snapshot(db) == before
 
 
@@ -251,7 +254,11 @@ def test_a_stale_fence_after_reclaim_is_refused_and_changes_nothing(
     assert snapshot(db) == before
     # The new holder is unaffected and consumes exactly once.
     assert store.ack(message_id, new.fence).status is Status.CONSUMED
-    assert store.ack(message_id, old.fence).status is Status.ALREADY_CONSUMED
+    # Once consumed, the new holder retrying is told it is done; the old one stays stale,
+    # and neither answer gives the other's fence away.
+    retried, late = store.ack(message_id, new.fence), store.ack(message_id, old.fence)
+    assert (retried.status, retried.fence) == (Status.ALREADY_CONSUMED, new.fence)
+    assert (late.status, late.fence, late.holder) == (Status.FENCE_MISMATCH, old.fence, None)
     assert_consumed_at_most_once(db)
 
 

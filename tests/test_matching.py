@@ -16,13 +16,15 @@ from pytest_mailbox import (
     ContractError,
     EmailContract,
     Mailbox,
+    MailboxClosed,
     MailSink,
     Store,
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.contract import Status
+from pytest_mailbox.contract import Status, dump_receipt
 from pytest_mailbox.mailbox import POLL_FIRST, POLL_INTERVAL
+from pytest_mailbox.message import Message
 from pytest_mailbox.sink import Signal
 from pytest_mailbox.store import Delivery, Outcome
 
@@ -631,3 +633,100 @@ def test_near_misses_mask_an_extracted_secret_in_a_subject(
 
     assert "quokkaplum" not in str(info.value)
     assert "'Your word is ••••••••um'" in str(info.value)
+
+
+# -- a claim is acted on by its own mailbox only ---------------------------------------------
+
+
+def test_a_mailbox_cannot_ack_renew_or_give_back_another_runs_message(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(second_mailbox.address))
+    theirs = second_mailbox.wait_for(subject="Welcome", timeout=10)
+    isolated_mailbox.release()  # released or not, it is not the mailbox of that message
+
+    for act in (
+        lambda: isolated_mailbox.ack(theirs.message_id, theirs.fence),
+        lambda: isolated_mailbox.renew(theirs.message_id, theirs.fence, 30),
+        lambda: isolated_mailbox.release_claim(theirs.message_id, theirs.fence),
+    ):
+        with pytest.raises(MailboxClosed, match="not in this mailbox") as refused:
+            act()
+        assert refused.value.status is Status.POLICY_DENIED
+
+    theirs.ack()  # its own holder was never disturbed
+    (row,) = second_mailbox.store.messages(second_mailbox.mailbox_id)
+    assert (row.state, row.fence) == ("consumed", theirs.fence)
+
+
+@pytest.mark.parametrize(
+    ("call", "field", "value", "allowed"),
+    [
+        ("wait_for", "lease", 0, "seconds > 0"),
+        ("wait_for", "lease", -5, "seconds > 0"),
+        ("wait_for", "lease", float("nan"), "seconds > 0"),
+        ("wait_for", "timeout", float("nan"), "seconds >= 0"),
+        ("wait_for", "timeout", -1, "seconds >= 0"),
+        ("wait_for", "timeout", True, "seconds >= 0"),
+        ("expect_none", "within", float("inf"), "seconds >= 0"),
+        ("renew", "lease", -100, "seconds > 0"),
+        ("claim", "lease", "30", "seconds > 0"),
+    ],
+)
+def test_a_bad_duration_for_one_call_is_refused_naming_it(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    call: str,
+    field: str,
+    value: object,
+    allowed: str,
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+    (message_id,) = ids(mailbox_store, isolated_mailbox)
+    before = mailbox_store.messages(isolated_mailbox.mailbox_id)
+    run: dict[str, Callable[[], object]] = {
+        "wait_for": lambda: isolated_mailbox.wait_for(subject="Welcome", **{field: value}),
+        "expect_none": lambda: isolated_mailbox.expect_none(within=value, subject="Other"),  # type: ignore[arg-type]
+        "renew": lambda: isolated_mailbox.renew(message_id, 1, value),  # type: ignore[arg-type]
+        "claim": lambda: isolated_mailbox.claim(message_id, lease=value),  # type: ignore[arg-type]
+    }
+
+    with pytest.raises(ContractError) as refused:
+        run[call]()
+
+    assert str(refused.value) == (
+        f"{call}: {field}={value!r} is invalid; allowed: {allowed}, a finite number"
+    )
+    assert mailbox_store.messages(isolated_mailbox.mailbox_id) == before  # nothing claimed
+
+
+def test_expect_none_is_not_set_off_by_a_message_this_run_already_took(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+    isolated_mailbox.wait_for(subject="Welcome", timeout=10).ack()
+
+    isolated_mailbox.expect_none(within=SHORT, subject="Welcome")  # no second one came
+
+    send(mailbox_server, mail(isolated_mailbox.address))
+    with pytest.raises(UnexpectedMessage):
+        isolated_mailbox.expect_none(within=SHORT, subject="Welcome")
+
+
+def test_the_receipt_masks_short_codes_and_the_selector_the_run_waited_with(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    to = isolated_mailbox.address
+    send(mailbox_server, mail(to, "Code K7Q2X, PIN 123", text="Your code is K7Q2X, PIN 123.\n"))
+    msg = isolated_mailbox.wait_for(subject="Code K7Q2X, PIN 123", timeout=10)
+    assert msg.code(pattern=r"code is (\w+)") == "K7Q2X"
+    assert msg.code(pattern=r"PIN (\d+)") == "123"
+    assert "482913" not in repr(Message(b"Subject: Your code 482913\r\n\r\n"))
+
+    receipt = isolated_mailbox.receipt()
+
+    assert "K7Q2X" not in dump_receipt(receipt)
+    assert [m.subject for m in receipt.messages] == ["Code •••2X, PIN ••23"]
+    waiting = [e.detail for e in receipt.events if e.status == "waiting"]
+    assert waiting == ["subject='Code •••2X, PIN ••23'"]  # the selector, masked the same way

@@ -313,8 +313,8 @@ def test_link_several_on_domain_redacts_candidates() -> None:
 
     text = str(info.value)
     assert text.startswith("2 distinct links on app.example.test in message m-1")
-    assert "https://app.example.test/verify/…?token=…&next=…" in text
-    assert "https://app.example.test/reset/…?token=…" in text
+    assert "https://app.example.test/…/…?token=…&next=…" in text
+    assert "https://app.example.test/…/…?token=…" in text
     assert TOKEN not in text
     assert OTHER_TOKEN not in text
     assert info.value.result["candidates"] == 2
@@ -402,29 +402,24 @@ def test_code_from_html_only_mail() -> None:
     [
         (
             "https://app.example.test/verify/8f3a9c?token=abc&next=home",
-            "https://app.example.test/verify/…?token=…&next=…",
+            "https://app.example.test/…/…?token=…&next=…",
         ),
-        ("https://app.example.test:8443/a/b-c_d/", "https://app.example.test:8443/a/b-c_d/"),
-        ("https://app.example.test/v2/users/42", "https://app.example.test/…/users/…"),
-        ("https://app.example.test/reset#section", "https://app.example.test/reset"),
-        (
-            "https://app.example.test/magic/kQzXbWmPfLrTaYcVnHsJdGuE",
-            "https://app.example.test/magic/…",
-        ),
-        ("https://app.example.test/reset?QwErTyUiOpAsDfGh", "https://app.example.test/reset?…"),
+        ("https://app.example.test:8443/a/b-c_d/", "https://app.example.test:8443/…/…/"),
+        ("https://app.example.test/v2/users/42", "https://app.example.test/…/…/…"),
+        ("https://app.example.test/reset#section", "https://app.example.test/…"),
+        # Tokens that look like words: a path segment is never shown, whatever it looks like.
+        ("https://app.example.test/magic/plum-tiger-cloud-river", "https://app.example.test/…/…"),
+        ("https://app.example.test/qzxwvkjhgfdsamnb", "https://app.example.test/…"),
+        ("https://app.example.test/reset?QwErTyUiOpAsDfGh", "https://app.example.test/…?…"),
+        ("https://app.example.test/?Token-Key=x&next=y", "https://app.example.test/?…=…&next=…"),
         ("https://app.example.test/#sEcReTtOkEnAbCdEf_x-y", "https://app.example.test/"),
-        ("https://app.example.test/Reset-Password", "https://app.example.test/…"),
-        ("https://app.example.test/reset#tok=9f8e7d", "https://app.example.test/reset"),
-        ("https://user:pw@app.example.test/login", "https://app.example.test/login"),
+        ("https://user:pw@app.example.test/login", "https://app.example.test/…"),
         ("https://app.example.test/?8f3a9c", "https://app.example.test/?…"),
-        ("https://app.example.test/%41bc", "https://app.example.test/…"),
-        (
-            "https://app.example.test/" + "a" * 17 + "/" + "b" * 16,
-            "https://app.example.test/…/" + "b" * 16,
-        ),
         ("https://app.example.test", "https://app.example.test"),
         ("https://[::1]:8080/x1", "https://[::1]:8080/…"),
         ("http://[broken/abc", "…"),
+        # A browser reads a backslash as a slash: the host is evil.example, as shown.
+        ("https://evil.example\\@app.example.test/verify", "https://evil.example/…/…"),
     ],
 )
 def test_redact_url(url: str, expected: str) -> None:
@@ -749,3 +744,12 @@ def test_fuzz_extraction_raises_only_extraction_error(
             assert str(outcome)
         else:
             assert outcome in message.links() or outcome in message.body_text + message.subject
+
+
+def test_a_backslash_in_a_link_is_read_as_a_browser_reads_it() -> None:
+    # urlsplit alone would say app.example.test; a browser goes to evil.example.
+    message = plain("Verify https://evil.example\\@app.example.test/verify?token=x\n")
+
+    with pytest.raises(ExtractionError, match=r"hosts found: evil\.example$"):
+        message.link("app.example.test")
+    assert message.link("evil.example") == "https://evil.example\\@app.example.test/verify?token=x"

@@ -37,8 +37,8 @@ from pydantic import model_validator as _model_validator
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status, utc
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
-from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, mask_secrets
-from pytest_mailbox.message import Message, _host, redact_url
+from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
+from pytest_mailbox.message import Message, _host, mask_secrets, redact_url
 from pytest_mailbox.store import Outcome, Store
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
@@ -93,7 +93,10 @@ class MessageSelector(_Arguments):
 
     message_id: MessageId | None = None
     subject_contains: str | None = Field(
-        default=None, max_length=200, description="Text the subject contains."
+        default=None,
+        max_length=200,
+        pattern=r"^[^\r\n]*$",
+        description="Text the subject contains (one line).",
     )
 
     @_model_validator(mode="after")
@@ -123,7 +126,7 @@ class AckMessage(_Arguments):
 
     fixture_id: FixtureId
     message_id: MessageId
-    fence: int = Field(ge=1, description="The fence that claim_message returned.")
+    fence: int = Field(ge=1, le=2**63 - 1, description="The fence that claim_message returned.")
 
 
 class ReleaseMailbox(_Arguments):
@@ -586,7 +589,7 @@ class AgentTools:
             if not isinstance(arguments, Mapping):
                 raise TypeError(tool.name)
             args = tool.arguments.model_validate(dict(arguments))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # Recursion: "[" 100,000 deep
             call.steps.append("rejected")
             return Answer(
                 status="rejected",
@@ -659,9 +662,9 @@ class AgentTools:
         if isinstance(args, ReserveMailbox) and args.purpose != self.mailbox.purpose:
             problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
         elif isinstance(args, ReserveMailbox) and args.ttl > self.ttl_max:
-            problem = f"ttl={args.ttl} exceeds this run's maximum of {self.ttl_max} seconds"
+            problem = f"ttl exceeds this run's maximum of {self.ttl_max} seconds"
         elif isinstance(args, ClaimMessage) and (args.lease or 0) > self.contract.lease:
-            problem = f"lease={args.lease:g} exceeds the contract's {self.contract.lease:g} seconds"
+            problem = f"lease exceeds the contract's {self.contract.lease:g} seconds"
         if problem is None:
             return None
         return Answer(
@@ -742,18 +745,22 @@ class AgentTools:
         )
 
     def _carries(self, message: Message, kind: str) -> bool:
-        if kind == "link":
-            return self._link(message) is not None
+        if kind == "link":  # several links on allowed hosts: found all the same
+            return bool(self._allowed_links(message))
         try:
             message.code()
         except ExtractionError:
             return False
         return True
 
-    def _link(self, message: Message) -> str | None:
-        """The message's one link on an allowed host, redacted; None if none or several."""
+    def _allowed_links(self, message: Message) -> list[str]:
         allowed = self.contract.link_domains
-        found = [u for u in message.links() if not allowed or normalize_domain(_host(u)) in allowed]
+        return [u for u in message.links() if not allowed or normalize_domain(_host(u)) in allowed]
+
+    def _link(self, message: Message) -> str | None:
+        """The message's one link on an allowed host, redacted; None if none or several (the
+        harness picks with ``reveal(domain=...)``)."""
+        found = self._allowed_links(message)
         return redact_url(found[0]) if len(found) == 1 else None
 
     def _claim(self, tool: _Tool, args: ClaimMessage) -> Answer:

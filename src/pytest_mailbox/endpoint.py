@@ -94,7 +94,8 @@ class SmtpEndpoint:
 
     @property
     def smtp_url(self) -> str:
-        return f"smtp://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        return f"smtp://{host}:{self.port}"
 
     @property
     def settings(self) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import secrets
 import time
@@ -41,13 +42,13 @@ from pytest_mailbox.errors import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.message import Message, digest
-from pytest_mailbox.store import History, MailboxRow, MessageRow, Outcome, Store
+from pytest_mailbox.message import Message, digest, mask_secrets
+from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
 
 if TYPE_CHECKING:
     from pytest_mailbox.agent import AgentTools
 
-__all__ = ["ClaimedMessage", "Mailbox", "mask_secrets", "new_run_id"]
+__all__ = ["ClaimedMessage", "Mailbox", "new_run_id"]
 
 #: How often a waiter looks at the store for mail that another process's sink took: first
 #: ``POLL_FIRST`` after it starts waiting, then after twice as long each time, up to
@@ -63,7 +64,6 @@ _EXCEPTIONS: dict[Status, type[MailboxError]] = {
     Status.FENCE_MISMATCH: FenceMismatch,
     Status.LEASE_EXPIRED: LeaseExpired,
 }
-_DIGITS = re.compile(r"\d{4,}")
 _FAULT_REPLY = re.compile(r"[45]\d\d(?: [ -~]{1,200})?")
 
 
@@ -72,20 +72,25 @@ def new_run_id() -> str:
     return f"r-{secrets.token_hex(8)}"
 
 
-def mask_secrets(text: str, digests: set[str] | None = None) -> str:
-    """Mask runs of 4+ digits and any word whose sha256 is a recorded secret: ``••••56``."""
+def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None:
+    """Refuse a duration given to one call that is not a finite number of seconds above
+    zero (or at least zero): a lease of 0 would hand back a claim already lapsed, and a
+    NaN timeout would never end."""
+    if value is None:
+        return
+    ok = False
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        ok = math.isfinite(value) and (value >= 0 if zero else value > 0)
+    if not ok:
+        allowed = "seconds >= 0" if zero else "seconds > 0"
+        msg = f"{call}: {name}={value!r} is invalid; allowed: {allowed}, a finite number"
+        raise ContractError(msg)
 
-    def mask(word: str) -> str:
-        return "\u2022" * max(len(word) - 2, 2) + word[-2:]
 
-    text = _DIGITS.sub(lambda m: mask(m.group()), text)
-    if digests:
-        text = re.sub(
-            r"[\w\-.~%]{6,}",
-            lambda m: mask(m.group()) if digest(m.group())[0] in digests else m.group(),
-            text,
-        )
-    return text
+def _describe(selector: Selector) -> str:
+    """The selector as errors and the timeline show it: digit runs masked, as in subjects
+    (a test may look for a code it was given)."""
+    return mask_secrets(selector.describe())
 
 
 def _similar(alias: str, mine: str) -> bool:
@@ -243,6 +248,11 @@ class Mailbox:
         return utc(self._row.expires_at)
 
     @property
+    def _handle(self) -> Handle:
+        """This reservation, as the store checks it on a claim's ack, renew and release."""
+        return Handle(self._row.mailbox_id, self._row.fence)
+
+    @property
     def state(self) -> str:
         """The reservation's state now: reserved, waiting, claimed, consumed, released, expired."""
         row = self.store.mailbox(self.mailbox_id)
@@ -314,6 +324,8 @@ class Mailbox:
     def _wait_steps(
         self, chosen: Selector, timeout: float | None, lease: float | None
     ) -> Generator[_Pause, None, ClaimedMessage]:
+        _seconds("wait_for", "timeout", timeout, zero=True)
+        _seconds("wait_for", "lease", lease)
         limit = self.contract.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         # The first look of a wait that has not marked itself waiting takes no pause point:
@@ -331,12 +343,12 @@ class Mailbox:
                 self._mark_waiting(chosen)
                 listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
                 msg = (
-                    f"{len(matches)} messages for {self.address} match {chosen.describe()}: "
+                    f"{len(matches)} messages for {self.address} match {_describe(chosen)}: "
                     f"{listed}; make the selector stricter (subject=, header=, received_after=)"
                 )
                 raise AmbiguousMatch(msg, result={"message_ids": [m.message_id for m in matches]})
             if matches:
-                waiting = None if self._waited else chosen.describe()
+                waiting = None if self._waited else _describe(chosen)
                 self._waited = True  # the claim records it, whatever its outcome
                 outcome = self._claim(matches[0], lease, waiting=waiting)
                 if outcome.status is Status.CLAIMED:
@@ -354,6 +366,7 @@ class Mailbox:
             yield pause
 
     def _none_steps(self, chosen: Selector, within: float) -> Generator[_Pause, None, None]:
+        _seconds("expect_none", "within", within, zero=True)
         deadline = time.monotonic() + within
         while True:
             pause = self._pause_point(deadline)
@@ -361,7 +374,7 @@ class Mailbox:
             if matches:
                 first = matches[0]
                 msg = (
-                    f"expected no message for {self.address} matching {chosen.describe()} "
+                    f"expected no message for {self.address} matching {_describe(chosen)} "
                     f"within {within:g}s, but {first.message_id} ({self._subject(first)!r}) arrived"
                 )
                 raise UnexpectedMessage(msg, result={"message_id": first.message_id})
@@ -426,7 +439,7 @@ class Mailbox:
     def _mark_waiting(self, selector: Selector) -> None:
         if not self._waited:
             self._waited = True
-            self.store.mark(self.mailbox_id, self.fence, Status.WAITING, selector.describe())
+            self.store.mark(self.mailbox_id, self.fence, Status.WAITING, _describe(selector))
 
     def _ensure_open(self) -> None:
         row = self.store.mailbox(self.mailbox_id)
@@ -480,6 +493,8 @@ class Mailbox:
         owner = self._run_header(row)
         if owner and owner != self.run_id:
             return f"{self.contract.run_header} belongs to run {owner}"
+        if include_taken and row.holder == self.run_id:  # expect_none: not news to this run
+            return f"claimed by this run before (fence {row.fence})"
         if not include_taken:
             if row.state == Status.CONSUMED.value:
                 return f"already consumed (fence {row.fence})"
@@ -530,7 +545,7 @@ class Mailbox:
         self, selector: Selector, limit: float, misses: list[tuple[MessageRow, str]]
     ) -> str:
         lines = [
-            f"no message for {self.address} matched {selector.describe()} within {limit:g}s "
+            f"no message for {self.address} matched {_describe(selector)} within {limit:g}s "
             f"(run {self.run_id}, mailbox {self.mailbox_id})"
         ]
         # Unrouted mail for a look-alike alias only: another test's typo is not ours to show.
@@ -581,6 +596,7 @@ class Mailbox:
         if selector or timeout is not None:
             msg = "claim(message_id=...) takes no selector or timeout; the id names the message"
             raise ContractError(msg)
+        _seconds("claim", "lease", lease)
         row = self.store.message(message_id)
         if row is None or row.mailbox_id != self.mailbox_id:
             msg = f"{message_id} is not a message of {self.address}"
@@ -590,16 +606,24 @@ class Mailbox:
 
     def ack(self, message_id: str, fence: int) -> Outcome:
         """Consume a claimed message; refused (typed error) for a stale fence or lease."""
-        return _raise_for(self.store.ack(message_id, fence), f"ack {message_id}")
+        return _raise_for(
+            self.store.ack(message_id, fence, mailbox=self._handle), f"ack {message_id}"
+        )
 
     def renew(self, message_id: str, fence: int, lease: float | None = None) -> Outcome:
         """Extend a live lease under the same fence."""
+        _seconds("renew", "lease", lease)
         lease = self.contract.lease if lease is None else lease
-        return _raise_for(self.store.renew(message_id, fence, lease), f"renew {message_id}")
+        return _raise_for(
+            self.store.renew(message_id, fence, lease, mailbox=self._handle), f"renew {message_id}"
+        )
 
     def release_claim(self, message_id: str, fence: int) -> Outcome:
         """Return a claimed message to ``waiting``."""
-        return _raise_for(self.store.release_claim(message_id, fence), f"release {message_id}")
+        return _raise_for(
+            self.store.release_claim(message_id, fence, mailbox=self._handle),
+            f"release {message_id}",
+        )
 
     def release(self, reason: CloseReason = CloseReason.RELEASED_SUCCESS) -> Outcome:
         """End the reservation; every later operation on it is refused."""
@@ -648,7 +672,9 @@ class Mailbox:
             for message in self.store.messages(self.mailbox_id):
                 live = message.state == Status.CLAIMED.value and (message.lease_until or 0) > now
                 if live and message.holder == self.run_id and message.fence is not None:
-                    self.store.release_claim(message.message_id, message.fence)
+                    self.store.release_claim(
+                        message.message_id, message.fence, mailbox=self._handle
+                    )
             self.release(CloseReason.RELEASED_ERROR)
         return self.receipt()
 
@@ -702,7 +728,14 @@ class Mailbox:
             released_at=utc(row.closed_at) if row.closed_at else None,
             messages=messages,
             events=[
-                ReceiptEvent(at=utc(e["at"]), status=e["status"], detail=e["detail"])
+                ReceiptEvent(
+                    at=utc(e["at"]),
+                    status=e["status"],
+                    # A selector may hold a secret the run extracted later: masked here too.
+                    detail=mask_secrets(e["detail"], digests)
+                    if e["status"] == Status.WAITING.value
+                    else e["detail"],
+                )
                 for e in history.events
             ],
             evidence=self._agent.evidence() if self._agent is not None else None,

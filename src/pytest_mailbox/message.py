@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from pytest_mailbox.errors import ExtractionError
 
-__all__ = ["Index", "Message", "digest", "index", "redact_url"]
+__all__ = ["Index", "Message", "digest", "index", "mask_secrets", "redact_url"]
 
 #: Four to eight digits not touching other digits: what ``code()`` looks for by default.
 DEFAULT_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
@@ -37,6 +37,10 @@ _REPR_SUBJECT = 60
 # Lower-case route words only ("verify", "reset-password"): a token made of letters alone,
 # mixed case or long, must never pass for a word.
 _WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
+#: What ``mask_secrets`` hides whatever it is: a run of four or more digits.
+_DIGITS = re.compile(r"\d{4,}")
+#: What it hides when its digest is a recorded secret: a code or token, any length.
+_SECRET_WORD = re.compile(r"[\w\-.~%]+")
 _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
 _LINEBREAKS = re.compile(r"[\r\n]+")
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
@@ -63,14 +67,16 @@ def digest(value: str) -> tuple[str, str]:
 
 
 def redact_url(url: str) -> str:
-    """A link safe for logs, errors and agent answers: host and word-like parts kept, rest '…'.
+    """A link safe for logs, errors and agent answers: scheme, host and query keys kept.
 
     ``https://app.example.test/verify/8f3a9c?token=abc&next=home`` becomes
-    ``https://app.example.test/verify/…?token=…&next=…``. Only lower-case route words survive
-    in the path and as query keys; credentials, bare query keys and fragments are dropped.
+    ``https://app.example.test/…/…?token=…&next=…``. Every path segment is redacted: a token
+    may be any segment, and may look like a word (``/magic/plum-tiger-cloud-river``).
+    Lower-case word query keys survive; their values, bare keys, credentials and the
+    fragment do not.
     """
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(_as_browsers_read(url.strip()))
         host = parts.hostname or ""
     except ValueError:
         return _REDACTED
@@ -85,7 +91,7 @@ def redact_url(url: str) -> str:
     out = f"{parts.scheme}:" if parts.scheme else ""
     if parts.netloc:
         out += f"//{host}"
-    out += "/".join(_word_or_redacted(segment) for segment in parts.path.split("/"))
+    out += "/".join(segment and _REDACTED for segment in parts.path.split("/"))
     if parts.query:
         pairs = []
         for pair in parts.query.split("&"):
@@ -95,9 +101,29 @@ def redact_url(url: str) -> str:
     return out  # the fragment is dropped: single-page apps carry tokens there
 
 
+def _as_browsers_read(url: str) -> str:
+    """In an http(s) URL a browser reads a backslash as a slash: ``https://evil.example\\@app``
+    goes to evil.example, where ``urlsplit`` alone would see the host app."""
+    return url.replace("\\", "/")
+
+
 def _word_or_redacted(value: str) -> str:
-    """Keep empty and word-like URL pieces, replace anything else (tokens, ids) by '…'."""
+    """Keep empty and word-like query keys, replace anything else (tokens, ids) by '…'."""
     return value if not value or _WORD.fullmatch(value) else _REDACTED
+
+
+def mask_secrets(text: str, digests: set[str] | None = None) -> str:
+    """Mask runs of 4+ digits, and any word whose sha256 is a recorded secret: ``••••56``."""
+
+    def mask(word: str) -> str:
+        return "\u2022" * max(len(word) - 2, 2) + word[-2:]
+
+    text = _DIGITS.sub(lambda m: mask(m.group()), text)
+    if digests:
+        text = _SECRET_WORD.sub(
+            lambda m: mask(m.group()) if digest(m.group())[0] in digests else m.group(), text
+        )
+    return text
 
 
 def _mask(value: str) -> str:
@@ -128,9 +154,10 @@ def _clean(value: str) -> str:
 
 
 def _host(url: str) -> str:
-    """The URL's host, lower-case, without port or trailing dot; "" if it has none."""
+    """The URL's host as a browser reads it: lower-case, without port or trailing dot; ""
+    if it has none."""
     try:
-        host = urlsplit(url).hostname or ""
+        host = urlsplit(_as_browsers_read(url)).hostname or ""
     except ValueError:
         return ""
     return host.rstrip(".")
@@ -441,7 +468,9 @@ class Message:
         subject = self.subject
         if len(subject) > _REPR_SUBJECT:
             subject = subject[: _REPR_SUBJECT - 3] + "..."
-        return f"<Message {self._label} from={self.sender or '-'} subject={subject!r}>"
+        return (
+            f"<Message {self._label} from={self.sender or '-'} subject={mask_secrets(subject)!r}>"
+        )
 
     # -- parsing ---------------------------------------------------------------------------
 

@@ -172,17 +172,18 @@ class _Handler:
                 f"554 5.6.0 Message refused: {found} in DATA; lines must end with CRLF "
                 "(mailbox_data_policy=refuse); nothing was stored"
             )
-        deliveries = []
+        deliveries: dict[tuple[str, str | None, str], Delivery] = {}
         for rcpt in envelope.rcpt_tos:
             parts = split_address(rcpt)
-            if parts is not None:
-                deliveries.append(
-                    Delivery(rcpt=rcpt, alias=parts[0], tag=parts[1], domain=parts[2])
+            # A recipient named twice (To and Bcc, say) gets one copy, as from a real server.
+            if parts is not None and parts not in deliveries:
+                deliveries[parts] = Delivery(
+                    rcpt=rcpt, alias=parts[0], tag=parts[1], domain=parts[2]
                 )
         faults = not isinstance(envelope, _Envelope) or envelope.data_faults
         try:
             fault = await self.sink.store_message(
-                envelope.mail_from, deliveries, raw, flags, faults=faults
+                envelope.mail_from, list(deliveries.values()), raw, flags, faults=faults
             )
         except Exception as exc:
             # The type only: an exception's text may quote the message or the store's internals.

@@ -303,6 +303,13 @@ class Outcome:
         return {**result, **self.extra}
 
 
+class Handle(NamedTuple):
+    """Who acts on a claim: a mailbox, by id, and the fence of its reservation."""
+
+    mailbox_id: str
+    fence: int
+
+
 class StoreBusy(Exception):
     """Another connection holds the write lock, and the caller asked not to wait for it."""
 
@@ -839,7 +846,12 @@ class Store:
             return Outcome(Status.POLICY_DENIED, message_id, detail="not in this mailbox")
         msg = _message(row)
         if msg.state == Status.CONSUMED.value:
-            return Outcome(Status.ALREADY_CONSUMED, message_id, fence=msg.fence, holder=msg.holder)
+            return Outcome(
+                Status.ALREADY_CONSUMED,
+                message_id,
+                fence=msg.fence if msg.holder == holder else None,
+                holder=msg.holder,
+            )
         if msg.state == Status.CLAIMED.value:
             assert msg.lease_until is not None
             if msg.lease_until > now:
@@ -877,29 +889,31 @@ class Store:
             raw=b"" if body is None else bytes(body[0]),
         )
 
-    def ack(self, message_id: str, fence: int) -> Outcome:
+    def ack(self, message_id: str, fence: int, *, mailbox: Handle | None = None) -> Outcome:
         """``claimed → consumed`` only for the current fence under a live lease."""
         with self._write() as tx:
             now = self.clock()
-            checked = self._current_claim(tx, message_id, fence, now)
+            checked = self._current_claim(tx, message_id, fence, now, mailbox)
             if checked.status is not Status.CLAIMED:
                 return checked
             self._consume(tx, message_id, fence, checked.extra["mailbox_id"], now)
             return Outcome(Status.CONSUMED, message_id, fence=fence, holder=checked.holder)
 
-    def renew(self, message_id: str, fence: int, lease: float) -> Outcome:
+    def renew(
+        self, message_id: str, fence: int, lease: float, *, mailbox: Handle | None = None
+    ) -> Outcome:
         """Extend a live lease under the same fence."""
         with self._write() as tx:
             now = self.clock()
-            checked = self._current_claim(tx, message_id, fence, now)
+            checked = self._current_claim(tx, message_id, fence, now, mailbox)
             if checked.status is not Status.CLAIMED:
                 return checked
-            mailbox = tx.one(
+            expiry = tx.one(
                 "SELECT expires_at FROM mailboxes WHERE mailbox_id = ?",
                 (checked.extra["mailbox_id"],),
             )
-            assert mailbox is not None
-            lease_until = min(now + lease, float(mailbox[0]))
+            assert expiry is not None
+            lease_until = min(now + lease, float(expiry[0]))
             tx.run(
                 "UPDATE messages SET lease_until = ? WHERE message_id = ?",
                 (lease_until, message_id),
@@ -914,11 +928,13 @@ class Store:
                 lease_until=lease_until,
             )
 
-    def release_claim(self, message_id: str, fence: int) -> Outcome:
+    def release_claim(
+        self, message_id: str, fence: int, *, mailbox: Handle | None = None
+    ) -> Outcome:
         """Give a claimed message back (``claimed → waiting``) without consuming it."""
         with self._write() as tx:
             now = self.clock()
-            checked = self._current_claim(tx, message_id, fence, now)
+            checked = self._current_claim(tx, message_id, fence, now, mailbox)
             if checked.status is not Status.CLAIMED:
                 return checked
             self._end_claim(tx, message_id, fence, "released", now)
@@ -1065,11 +1081,18 @@ class Store:
             return Outcome(Status(found.state), detail=found.close_reason or "")
         return found
 
-    def _current_claim(self, tx: _Tx, message_id: str, fence: int, now: float) -> Outcome:
-        """``claimed`` (with the mailbox id) if ``fence`` holds a live lease, else why not."""
+    def _current_claim(
+        self, tx: _Tx, message_id: str, fence: int, now: float, handle: Handle | None
+    ) -> Outcome:
+        """``claimed`` (with the mailbox id) if ``fence`` holds a live lease, else why not.
+
+        With ``handle`` (the caller's mailbox and its fence), only a message of that mailbox,
+        while that reservation is open, may be acted on."""
         row = tx.one("SELECT * FROM messages WHERE message_id = ?", (message_id,))
         if row is None or row["mailbox_id"] is None:
             return Outcome(Status.POLICY_DENIED, message_id, detail="unknown message id")
+        if handle is not None and row["mailbox_id"] != handle.mailbox_id:
+            return Outcome(Status.POLICY_DENIED, message_id, detail="not in this mailbox")
         msg = _message(row)
         # A closed reservation refuses everything with its own state, before any claim check
         # (release() ends its claims as 'released', which must not read as a stale fence).
@@ -1081,11 +1104,24 @@ class Store:
                 fence=fence,
                 detail=mailbox["close_reason"] or "",
             )
+        if handle is not None and mailbox is not None and mailbox["fence"] != handle.fence:
+            return Outcome(
+                Status.FENCE_MISMATCH, message_id, fence=fence, detail="stale mailbox handle"
+            )
         claim = tx.one(
             "SELECT * FROM claims WHERE fence = ? AND message_id = ?", (fence, message_id)
         )
+        if msg.state == Status.CONSUMED.value and msg.fence == fence:
+            # Its own holder, retrying: done already, do not click twice.
+            return Outcome(Status.ALREADY_CONSUMED, message_id, fence=fence, holder=msg.holder)
         if msg.state == Status.CONSUMED.value:
-            return Outcome(Status.ALREADY_CONSUMED, message_id, fence=msg.fence, holder=msg.holder)
+            # Someone else's fence, or a forged one: the consuming fence is not theirs to see.
+            return Outcome(
+                Status.FENCE_MISMATCH,
+                message_id,
+                fence=fence,
+                detail=f"fence {fence} is not the claim that consumed the message",
+            )
         if claim is not None and claim["state"] == "released":
             return Outcome(
                 Status.FENCE_MISMATCH,
