@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 
 from pytest_mailbox import message as message_module
 from pytest_mailbox.errors import ExtractionError
-from pytest_mailbox.message import Index, Message, digest, index, redact_url
+from pytest_mailbox.message import (
+    MAX_PARSED_HEADER,
+    Index,
+    Message,
+    digest,
+    index,
+    mask_secrets,
+    redact_url,
+)
 
 TOKEN = "8f3a9c77d1e24b6a"
 OTHER_TOKEN = "b71c0e5529aa4f13"
@@ -753,3 +761,45 @@ def test_a_backslash_in_a_link_is_read_as_a_browser_reads_it() -> None:
     with pytest.raises(ExtractionError, match=r"hosts found: evil\.example$"):
         message.link("app.example.test")
     assert message.link("evil.example") == "https://evil.example\\@app.example.test/verify?token=x"
+
+
+LINK = "https://app.example.test/verify?token=Zq8vT4nW2xKp9LmR"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "，有效期10分钟。",
+        "。",
+        "\u201d and",
+        "\u00bb.",
+        "\uff09",
+        "\u2026",
+        "\u3000next",
+        "\u00a0x",
+    ],
+)
+def test_a_link_in_text_ends_at_the_punctuation_of_any_script(after: str) -> None:
+    assert plain(f"Open \u201c{LINK}{after}\n").link("app.example.test") == LINK
+
+
+def test_a_link_keeps_letters_of_any_script_in_its_path() -> None:
+    iri = "https://app.example.test/bücher/café"
+    assert plain(f"Open {iri} now").link() == iri
+
+
+def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
+    digests = {digest("QXKZTR")[0], digest("ab.cd")[0]}
+
+    assert mask_secrets("Your code is QXKZTR.", digests) == "Your code is ••••TR."
+    assert mask_secrets("Codes: -QXKZTR- ab.cd", digests) == "Codes: -••••TR- •••cd"
+
+
+def test_a_header_too_long_to_decode_is_shown_as_sent_by_index_and_message() -> None:
+    words = " ".join(["=?utf-8?q?caf=C3=A9?="] * (MAX_PARSED_HEADER // 20))
+    raw = f"Subject: {words}\r\nX-Run-Id: r-1\r\n\r\nbody\r\n".encode()
+    short = b"Subject: =?utf-8?q?caf=C3=A9?=\r\n\r\nbody\r\n"
+
+    assert index(raw).subject == Message(raw).subject == words  # not decoded: its cost
+    assert index(raw).run_header == "r-1"
+    assert index(short).subject == Message(short).subject == "café"  # decoded as before

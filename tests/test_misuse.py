@@ -79,6 +79,9 @@ MARKER_MISUSE = {
     "timeout='soon'": "email_contract: timeout='soon' is invalid: Input should be a valid number*",
     "link_domains='app.example.test'": "email_contract: link_domains='app.example.test' is "
     "invalid: Input should be a valid tuple (allowed: a list of host names*",
+    "link_domains=['https://app.example.test/x']": "email_contract: link_domains=*"
+    "'https://app.example.test/x' is not a host name (no scheme, port or path) (allowed: a "
+    "list of host names*",
     "max_reads=1.5": "email_contract: max_reads=1.5 is invalid: Input should be a valid integer*",
     "purpose=5": "email_contract: purpose=5 is invalid: Input should be a valid string*",
     "run_header='X Run'": "email_contract: run_header='X Run' is invalid: String should match*",

@@ -107,6 +107,54 @@ def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, worke
     )
 
 
+#: What pytest-rerunfailures does, in brief: run a failed test's whole protocol again, on
+#: the same item (its user_properties kept), and report only the last attempt.
+RERUN_CONFTEST = """
+import pytest
+from _pytest.runner import runtestprotocol
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for attempt in (1, 2):
+        item._initrequest()
+        reports = runtestprotocol(item, nextitem=nextitem, log=attempt == 2)
+        if attempt == 1 and all(r.passed for r in reports):
+            for report in reports:
+                item.ihook.pytest_runtest_logreport(report=report)
+            break
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_rerun_reports_the_receipt_of_its_own_attempt_only(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST + RERUN_CONFTEST)
+    pytester.makepyfile(
+        """
+        ATTEMPTS = []
+
+        def test_flaky(isolated_mailbox, send, request):
+            ATTEMPTS.append(isolated_mailbox.run_id)
+            request.node.user_properties.append(("attempt", isolated_mailbox.run_id))
+            assert len(ATTEMPTS) == 2, "fails the first time"
+        """
+    )
+    result = pytester.runpytest(
+        "-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
+    )
+    result.assert_outcomes(passed=1)
+    ((props, receipts),) = _junit_cases(pytester.path / "junit.xml").values()
+    (receipt,) = receipts  # the second attempt's, not the first one's as well
+    assert receipt.run_id == props["attempt"]
+    lines = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == [receipt.run_id]
+
+
 def test_without_xdist(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(test_suite=USER_SUITE)
@@ -314,6 +362,13 @@ def test_marker_overlays_ini_defaults(pytester: pytest.Pytester) -> None:
             "",
             {},
             "pytest-mailbox: --mailbox-timeout='inf' is invalid; allowed: seconds > 0",
+        ),
+        (  # its directory would be inside a file: no INTERNALERROR, the option named
+            ["--mailbox-receipts=test_bad_option_is_a_usage_error.py/r.jsonl"],
+            "",
+            {},
+            "pytest-mailbox: --mailbox-receipts='*test_bad_option_is_a_usage_error.py/r.jsonl'"
+            " cannot be written (*); give a file path in a writable directory",
         ),
     ],
 )

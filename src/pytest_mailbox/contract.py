@@ -61,6 +61,8 @@ class CloseReason(str, enum.Enum):
 
 
 _PURPOSE = r"^[a-z][a-z0-9-]{0,29}$"
+#: One label of a host name in ``link_domains`` (letters of any script; IDNA is not required).
+_HOST_LABEL = re.compile(r"(?!-)[\w-]{1,63}(?<!-)")
 
 #: What each contract field accepts, for error messages and the docs.
 CONTRACT_FIELDS: dict[str, str] = {
@@ -102,7 +104,12 @@ class EmailContract(BaseModel):
     @field_validator("link_domains")
     @classmethod
     def _lower_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(d.strip().lower().rstrip(".") for d in value if d.strip())
+        domains = tuple(d.strip().lower().rstrip(".") for d in value if d.strip())
+        for domain in domains:  # a host name, as --mailbox-link-domains requires
+            if not all(_HOST_LABEL.fullmatch(label) for label in domain.split(".")):
+                msg = f"{domain!r} is not a host name (no scheme, port or path)"
+                raise ValueError(msg)
+        return domains
 
     def check_limits(self, *, ttl_max: int, source: str = "email_contract") -> None:
         """Refuse values that are valid alone but break the configured limits."""

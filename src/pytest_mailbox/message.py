@@ -28,6 +28,13 @@ __all__ = ["Index", "Message", "digest", "index", "mask_secrets", "redact_url"]
 #: Four to eight digits not touching other digits: what ``code()`` looks for by default.
 DEFAULT_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
 
+#: A header value longer than this is not decoded: the standard library's parser takes
+#: time that grows with the square of a value made of encoded words (0.4 MiB of them held
+#: the sink's event loop for 12 s). Index and ``Message`` both show it as sent.
+MAX_PARSED_HEADER = 16 * 1024
+#: Header values longer than this are parsed each time rather than kept in the cache.
+_MAX_CACHED = 4 * 1024
+
 _REDACTED = "…"
 _MASK = "••••"
 _MAX_LISTED = 10
@@ -45,7 +52,15 @@ _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
 _LINEBREAKS = re.compile(r"[\r\n]+")
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_URL_IN_TEXT = re.compile(r"https?://[^\s<>\"'`\x00-\x1f\x7f]+", re.IGNORECASE)
+#: Where a link in plain text ends: white space, quotes, angle brackets, controls, and the
+#: punctuation of other scripts that prose puts right after a link (guillemets, curly
+#: quotes, the general punctuation block, CJK and full-width punctuation). Letters of any
+#: script stay in (an IRI's path).
+_URL_END = (
+    "\\s<>\"'`\\x00-\\x1f\\x7f\\u00ab\\u00bb\\u2010-\\u2027\\u2030-\\u205e"
+    "\\u3000-\\u303f\\uff01-\\uff0f\\uff1a-\\uff20\\uff3b-\\uff40\\uff5b-\\uff65"
+)
+_URL_IN_TEXT = re.compile(f"https?://[^{_URL_END}]+", re.IGNORECASE)
 _HTTP_SCHEME = re.compile(r"https?://", re.IGNORECASE)
 _URL_CONTROL = re.compile(r"[\t\r\n]")
 _ADDRESS = re.compile(r"[^\s<>()\[\]@,;:\"]+@[^\s<>()\[\]@,;:\"]+")
@@ -118,12 +133,16 @@ def mask_secrets(text: str, digests: set[str] | None = None) -> str:
     def mask(word: str) -> str:
         return "\u2022" * max(len(word) - 2, 2) + word[-2:]
 
+    def hide(match: re.Match[str]) -> str:
+        word = match.group()
+        core = word.strip(".-~%")  # "QXKZTR." at the end of a sentence is the code QXKZTR
+        for candidate in dict.fromkeys((word, core)):
+            if candidate and digest(candidate)[0] in (digests or ()):
+                return word.replace(candidate, mask(candidate))
+        return word
+
     text = _DIGITS.sub(lambda m: mask(m.group()), text)
-    if digests:
-        text = _SECRET_WORD.sub(
-            lambda m: mask(m.group()) if digest(m.group())[0] in digests else m.group(), text
-        )
-    return text
+    return _SECRET_WORD.sub(hide, text) if digests else text
 
 
 def _mask(value: str) -> str:
@@ -190,7 +209,7 @@ class _CachingPolicy(_EmailPolicy):
     """``email.policy.default`` with header parsing memoized (2000 parts parse in ms, not s)."""
 
     def header_fetch_parse(self, name: str, value: str) -> Any:
-        if not isinstance(value, str) or hasattr(value, "name"):
+        if not isinstance(value, str) or hasattr(value, "name") or len(value) > _MAX_CACHED:
             return super().header_fetch_parse(name, value)
         return _fetch_header(name, value)
 
@@ -315,9 +334,12 @@ def _decode_part(part: EmailMessage, flags: set[str]) -> str:
 
 
 def _header(name: str, raw: object) -> tuple[str, Any]:
-    """A header's decoded, unfolded value and its parsed object (None if it did not parse)."""
+    """A header's decoded, unfolded value and its parsed object (None if it did not parse,
+    or was too long to parse: shown as sent, encoded words and all)."""
     value = raw if isinstance(raw, str) else str(raw)
     unfolded = _clean(_FOLD.sub(" ", value))  # raw 8-bit bytes: UTF-8, else Latin-1
+    if len(unfolded) > MAX_PARSED_HEADER:
+        return _LINEBREAKS.sub("", unfolded), None
     try:
         parsed = _POLICY.header_fetch_parse(name, unfolded)
         return _clean(str(parsed)), parsed

@@ -40,6 +40,7 @@ _store_path_key = pytest.StashKey[Path]()
 _signal_key = pytest.StashKey[Signal]()
 _mailboxes_key = pytest.StashKey["list[Mailbox]"]()
 _failed_key = pytest.StashKey[bool]()
+_attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's receipts
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
@@ -84,7 +85,16 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
     if settings.receipts is not None and not _is_worker(config):
-        config.pluginmanager.register(_ReceiptWriter(settings.receipts), "mailbox-receipts")
+        try:
+            writer = _ReceiptWriter(settings.receipts)
+        except OSError as exc:  # a parent that is a file, a read-only place, …
+            msg = (
+                f"pytest-mailbox: --mailbox-receipts={str(settings.receipts)!r} cannot be "
+                f"written ({exc.strerror or type(exc).__name__}); give a file path in a "
+                "writable directory"
+            )
+            raise pytest.UsageError(msg) from None
+        config.pluginmanager.register(writer, "mailbox-receipts")
     if config.pluginmanager.hasplugin("html") and not _is_worker(config):
         config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
     if _is_controller(config):
@@ -353,14 +363,21 @@ class _Fixtures:
         receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
             update={"testrun_uid": config.stash[_testrun_key]}
         )
-        item.user_properties.append((RECEIPT_PROPERTY, _dump_receipt(receipt)))
+        attached = (RECEIPT_PROPERTY, _dump_receipt(receipt))
+        item.user_properties.append(attached)
+        item.stash.setdefault(_attached_key, []).append(attached)
         # pytest keeps every item to the end of the session; the receipt is all that stays.
         opened.remove(mailbox)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Each run of a test starts clean, reruns included (pytest-rerunfailures)."""
+    """Each run of a test starts clean, reruns included (pytest-rerunfailures): an earlier
+    attempt's receipts leave ``user_properties``, which the item keeps across attempts
+    (each attempt's report carried them already)."""
+    for attached in item.stash.get(_attached_key, []):
+        item.user_properties[:] = [p for p in item.user_properties if p is not attached]
+    item.stash[_attached_key] = []
     item.stash[_failed_key] = False
     item.stash[_mailboxes_key] = []
     item.config.stash[_fixtures_key].item = item
