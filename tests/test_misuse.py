@@ -21,8 +21,8 @@ BAD: dict[str, tuple[str, str]] = {
     "ttl": ("0", "whole seconds, 1..mailbox_ttl_max"),
     "lease": ("inf", "seconds > 0, at most ttl"),
     "timeout": ("nan", "seconds > 0"),
-    "max_reads": ("0", "an integer >= 1"),
-    "max_resends": ("-1", "an integer >= 0"),
+    "max_reads": ("1001", "an integer 1..1000"),
+    "max_resends": ("-1", "an integer 0..1000"),
     "mode": ("fast", "'live' or 'dry-run'"),
     "link_domains": ("localhost:8000", "a list of host names, e.g. ['app.example.test']"),
 }
@@ -85,8 +85,10 @@ MARKER_MISUSE = {
     "max_reads=1.5": "email_contract: max_reads=1.5 is invalid: Input should be a valid integer*",
     "purpose=5": "email_contract: purpose=5 is invalid: Input should be a valid string*",
     "run_header='X Run'": "email_contract: run_header='X Run' is invalid: String should match*",
+    "max_reads=5000": "email_contract: max_reads=5000 is invalid: Input should be less than "
+    "or equal to 1000 (allowed: an integer 1..1000)",
     "max_resends=-1": "email_contract: max_resends=-1 is invalid: Input should be greater than "
-    "or equal to 0 (allowed: an integer >= 0)",
+    "or equal to 0 (allowed: an integer 0..1000)",
 }
 
 

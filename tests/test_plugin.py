@@ -520,6 +520,47 @@ def test_receipts_cli_prints_a_table(pytester: pytest.Pytester) -> None:
     assert all("released_success" in line for line in lines[2:-1])
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such file"),  # a directory
+        (b'{"run_id": 1}\n', "not JUnit XML or pytest-mailbox JSON Lines receipts"),
+        (b"<testsuites><testsuite>", "not JUnit XML or pytest-mailbox JSON Lines receipts"),
+        (b"\xff\xfe\x00binary", "not JUnit XML or pytest-mailbox JSON Lines receipts"),
+    ],
+)
+def test_receipts_cli_names_a_file_it_cannot_read(
+    tmp_path: Path, content: bytes | None, expected: str
+) -> None:
+    path = tmp_path / "receipts"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert proc.returncode == 2
+    assert f"error: {path}: {expected}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_receipts_cli_refuses_an_unknown_state(tmp_path: Path) -> None:
+    (tmp_path / "r.jsonl").write_text("")
+    argv = [sys.executable, "-m", "pytest_mailbox", "receipts", str(tmp_path / "r.jsonl")]
+
+    proc = subprocess.run([*argv, "--state", "bogus"], capture_output=True, text=True, check=False)
+
+    assert proc.returncode == 2
+    assert "argument --state: invalid choice: 'bogus' (choose from " in proc.stderr
+    assert "'expired', 'released_success'" in proc.stderr
+
+
 def test_receipts_cli_filters_and_timelines(
     pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:

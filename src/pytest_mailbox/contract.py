@@ -70,8 +70,8 @@ CONTRACT_FIELDS: dict[str, str] = {
     "ttl": "whole seconds, 1..mailbox_ttl_max",
     "lease": "seconds > 0, at most ttl",
     "timeout": "seconds > 0",
-    "max_reads": "an integer >= 1",
-    "max_resends": "an integer >= 0",
+    "max_reads": "an integer 1..1000",
+    "max_resends": "an integer 0..1000",
     "mode": "'live' or 'dry-run'",
     "link_domains": "a list of host names, e.g. ['app.example.test']",
     "run_header": "a header name such as 'X-Run-Id'",
@@ -87,8 +87,8 @@ class EmailContract(BaseModel):
     ttl: int = Field(default=300, gt=0)
     lease: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
-    max_reads: int = Field(default=3, ge=1)
-    max_resends: int = Field(default=1, ge=0)
+    max_reads: int = Field(default=3, ge=1, le=1000)
+    max_resends: int = Field(default=1, ge=0, le=1000)
     mode: Literal["live", "dry-run"] = "live"
     link_domains: tuple[str, ...] = ()
     run_header: str = Field(default="X-Run-Id", pattern=r"^[A-Za-z0-9-]{1,64}$")

@@ -11,11 +11,16 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from pytest_mailbox.contract import Receipt
+from pytest_mailbox.contract import CloseReason, Receipt, Status
 
 __all__ = ["RECEIPT_PROPERTY", "format_table", "main", "read_receipts"]
 
 RECEIPT_PROPERTY = "mailbox.receipt"
+#: The states a mailbox (so a receipt) can be in.
+_MAILBOX_STATES = [
+    s.value
+    for s in (Status.RESERVED, Status.WAITING, Status.CLAIMED, Status.CONSUMED, Status.RELEASED)
+] + [Status.EXPIRED.value]
 
 
 def parse_receipt(value: str) -> Receipt | None:
@@ -83,15 +88,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     show.add_argument(
         "--state",
         default="",
+        choices=[*_MAILBOX_STATES, *(r.value for r in CloseReason)],
         help="Only runs with this state or close reason, e.g. expired or released_error",
     )
     show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
     args = parser.parse_args(argv)
     receipts: list[Receipt] = []
     for file in args.files:
-        if not file.exists():
+        if not file.is_file():
             parser.error(f"{file}: no such file")
-        receipts.extend(read_receipts(file))
+        try:
+            receipts.extend(read_receipts(file))
+        except (ValueError, ET.ParseError) as exc:  # ValidationError is a ValueError
+            first = str(exc).splitlines()[0]
+            parser.error(f"{file}: not JUnit XML or pytest-mailbox JSON Lines receipts ({first})")
     chosen = [
         r for r in receipts if args.test in r.nodeid and args.state in ("", r.state, r.close_reason)
     ]
