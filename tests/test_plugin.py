@@ -286,9 +286,14 @@ def test_marker_overlays_ini_defaults(pytester: pytest.Pytester) -> None:
         def test_overlay(email_contract):
             assert (email_contract.purpose, email_contract.ttl, email_contract.lease) == (
                 "reset", 90, 5.0)
+
+        # Compared as the option's are: IDNA form, lower case, no trailing dot.
+        @pytest.mark.email_contract(link_domains=["Bücher.Test.", "app.example.test"])
+        def test_marker_domains(email_contract):
+            assert email_contract.link_domains == ("xn--bcher-kva.test", "app.example.test")
         """
     )
-    pytester.runpytest().assert_outcomes(passed=2)
+    pytester.runpytest().assert_outcomes(passed=3)
 
 
 @pytest.mark.parametrize(

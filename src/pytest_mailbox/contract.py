@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pytest_mailbox.endpoint import host_name
+
 if sys.version_info >= (3, 11):
     from re import _constants as _sre_constants
     from re import _parser as _sre_parse
@@ -61,8 +63,6 @@ class CloseReason(str, enum.Enum):
 
 
 _PURPOSE = r"^[a-z][a-z0-9-]{0,29}$"
-#: One label of a host name in ``link_domains`` (letters of any script; IDNA is not required).
-_HOST_LABEL = re.compile(r"(?!-)[\w-]{1,63}(?<!-)")
 
 #: What each contract field accepts, for error messages and the docs.
 CONTRACT_FIELDS: dict[str, str] = {
@@ -104,12 +104,15 @@ class EmailContract(BaseModel):
     @field_validator("link_domains")
     @classmethod
     def _lower_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        domains = tuple(d.strip().lower().rstrip(".") for d in value if d.strip())
-        for domain in domains:  # a host name, as --mailbox-link-domains requires
-            if not all(_HOST_LABEL.fullmatch(label) for label in domain.split(".")):
-                msg = f"{domain!r} is not a host name (no scheme, port or path)"
+        # Host names, in the form links' hosts are compared in, as --mailbox-link-domains.
+        domains = []
+        for name in (d for d in value if d.strip()):
+            domain = host_name(name)
+            if domain is None:
+                msg = f"{name.strip().lower()!r} is not a host name (no scheme, port or path)"
                 raise ValueError(msg)
-        return domains
+            domains.append(domain)
+        return tuple(domains)
 
     def check_limits(self, *, ttl_max: int, source: str = "email_contract") -> None:
         """Refuse values that are valid alone but break the configured limits."""

@@ -8,6 +8,7 @@ xdist controller never runs a sink: none of that should import asyncio and aiosm
 from __future__ import annotations
 
 import ipaddress
+import re
 import threading
 from typing import Any
 
@@ -18,6 +19,7 @@ __all__ = [
     "Signal",
     "SinkError",
     "SmtpEndpoint",
+    "host_name",
     "is_loopback",
     "normalize_domain",
     "split_address",
@@ -71,6 +73,17 @@ def normalize_domain(domain: str) -> str:
         return domain.encode("idna").decode("ascii")
     except UnicodeError:
         return domain
+
+
+#: One label of a host name, once in IDNA form (underscores allowed: test hosts use them).
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def host_name(name: str) -> str | None:
+    """``name`` in the form domains are compared in (``normalize_domain``), or None if it
+    is not a host name (a URL, a port, an empty label)."""
+    domain = normalize_domain(name)
+    return domain if all(_LABEL.fullmatch(label) for label in domain.split(".")) else None
 
 
 def split_address(address: str) -> tuple[str, str | None, str] | None:

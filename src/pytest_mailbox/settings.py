@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +21,10 @@ from pytest_mailbox.endpoint import (
     DATA_POLICIES,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_RECIPIENTS,
-    normalize_domain,
+    host_name,
 )
 
 __all__ = ["OPTIONS", "Option", "Settings", "options_table"]
-
-_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 
 
 def _int(low: int, high: int) -> Callable[[str], int]:
@@ -79,11 +76,13 @@ def _path(text: str) -> str:
 
 
 def _domains(text: str) -> tuple[str, ...]:
-    domains = tuple(normalize_domain(d) for d in text.replace(",", " ").split())
-    for domain in domains:
-        if not all(_LABEL.fullmatch(label) for label in domain.split(".")):
-            raise ValueError(domain)
-    return domains
+    domains = []
+    for name in text.replace(",", " ").split():
+        domain = host_name(name)
+        if domain is None:
+            raise ValueError(name)
+        domains.append(domain)
+    return tuple(domains)
 
 
 def _domain(text: str) -> str:
