@@ -281,6 +281,51 @@ def test_ack_after_the_lease_expired_is_lease_expired(store: Store, clock: Clock
     assert rows(db, "SELECT COUNT(*) FROM claims WHERE state = 'consumed'") == [(0,)]
 
 
+@pytest.mark.parametrize("noticed_by", ["reclaim", "ack", "renew", "release_claim", "reconcile"])
+def test_a_lapsed_lease_is_in_the_timeline_whoever_notices_it(
+    store: Store, clock: Clock, db: Path, noticed_by: str
+) -> None:
+    # The receipt tells why a message was claimed twice: the first lease ran out. That
+    # line must not depend on the reconciler passing before the next claim or late ack.
+    mailbox = reserve(store)
+    message_id = deliver(store, mailbox)
+    first = claim(store, mailbox, message_id, holder="slow", lease=10)
+    assert first.fence is not None
+    clock.advance(10.5)
+
+    {
+        "reclaim": lambda: claim(store, mailbox, message_id, holder="fresh"),
+        "ack": lambda: store.ack(message_id, first.fence or 0),
+        "renew": lambda: store.renew(message_id, first.fence or 0, 30),
+        "release_claim": lambda: store.release_claim(message_id, first.fence or 0),
+        "reconcile": store.reconcile,
+    }[noticed_by]()
+    store.reconcile()  # and a later pass does not write it twice
+
+    lapsed = rows(
+        db,
+        "SELECT detail FROM events WHERE mailbox_id = ? AND status = 'lease_expired'",
+        (mailbox.mailbox_id,),
+    )
+    assert lapsed == [(f"{message_id} fence {first.fence}",)]
+
+
+def test_a_mailbox_that_consumed_a_message_stays_consumed_through_a_second_claim(
+    store: Store, db: Path
+) -> None:
+    # States only move forward: a second message claimed does not undo the first ack.
+    mailbox = reserve(store)
+    first_id, second_id = deliver(store, mailbox), deliver(store, mailbox, "Welcome")
+    first = claim(store, mailbox, first_id)
+    assert store.ack(first_id, first.fence or 0).status is Status.CONSUMED
+
+    assert claim(store, mailbox, second_id).status is Status.CLAIMED
+
+    row = store.mailbox(mailbox.mailbox_id)
+    assert row is not None
+    assert row.state == "consumed"
+
+
 @pytest.mark.parametrize("forged", [10**9, 0, -1])
 def test_a_forged_fence_is_refused_and_changes_nothing(store: Store, db: Path, forged: int) -> None:
     mailbox = reserve(store)

@@ -635,6 +635,27 @@ def test_near_misses_mask_an_extracted_secret_in_a_subject(
     assert "'Your word is ••••••••um'" in str(info.value)
 
 
+def test_near_miss_reasons_mask_the_digits_a_selector_looked_for(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # A test may wait for the code it was given; the reason quotes it masked, as the
+    # first line of the error and the receipt's timeline do.
+    send(mailbox_server, mail(isolated_mailbox.address, "Your code", headers={"X-Code": "1"}))
+
+    for selector, reason in [
+        ({"subject_contains": "code 415926"}, "subject does not contain 'code ••••26'"),
+        ({"subject": "415926"}, "subject is not '••••26'"),
+        ({"subject_regex": "code 415926$"}, "subject does not match /code ••••26$/"),
+        ({"body_contains": "415926"}, "body does not contain '••••26'"),
+        ({"body_regex": "415926"}, "body does not match /••••26/"),
+        ({"header": ("X-Code", "415926")}, "header X-Code is not '••••26'"),
+    ]:
+        with pytest.raises(WaitTimeout) as info:
+            isolated_mailbox.wait_for(timeout=0.1, **selector)
+        assert "415926" not in str(info.value)
+        assert f"'Your code': {reason}" in str(info.value)
+
+
 # -- a claim is acted on by its own mailbox only ---------------------------------------------
 
 

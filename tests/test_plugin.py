@@ -87,7 +87,10 @@ def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, worke
     )
     result.assert_outcomes(passed=5)
     result.stdout.fnmatch_lines(
-        ["mailbox: 5 reserved, 5 received, 5 claimed, 5 consumed, 0 expired, 0 unrouted"]
+        [
+            "mailbox: 5 reserved, 5 received, 5 claimed, 5 consumed, "
+            "0 expired, 0 claims expired, 0 unrouted"
+        ]
     )
     cases = _junit_cases(pytester.path / "junit.xml")
     assert len(cases) == 5
@@ -231,7 +234,8 @@ def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> 
         (
             "ttl=7200",
             "email_contract: ttl=7200 exceeds mailbox_ttl_max=3600; "
-            "lower ttl or raise mailbox_ttl_max in pytest.ini",
+            "lower ttl or raise mailbox_ttl_max (the ini key, --mailbox-ttl-max or "
+            "PYTEST_MAILBOX_TTL_MAX)",
         ),
         (
             "ttl=10, lease=20",
@@ -321,13 +325,22 @@ def test_marker_overlays_ini_defaults(pytester: pytest.Pytester) -> None:
             [],
             "mailbox_ttl = 30",
             {},
-            "pytest-mailbox: ini: lease=60 exceeds ttl=30; a claim cannot outlive its mailbox*",
+            "pytest-mailbox: settings: lease=60 (default) exceeds ttl=30 (ini mailbox_ttl); "
+            "a claim cannot outlive its mailbox*",
         ),
         (
             ["--mailbox-purpose=Sign Up"],
             "",
             {},
-            "pytest-mailbox: ini: purpose='Sign Up' is invalid: String should match pattern*",
+            "pytest-mailbox: settings: purpose='Sign Up' (--mailbox-purpose) is invalid: "
+            "String should match pattern*",
+        ),
+        (  # the value came from the environment, the limit from the ini file
+            [],
+            "mailbox_ttl_max = 600",
+            {"PYTEST_MAILBOX_TTL": "900"},
+            "pytest-mailbox: settings: ttl=900 (PYTEST_MAILBOX_TTL) exceeds "
+            "mailbox_ttl_max=600 (ini mailbox_ttl_max); lower ttl or raise mailbox_ttl_max*",
         ),
         (
             ["--mailbox-max-recipients=0"],
@@ -416,6 +429,97 @@ def test_cli_beats_env_beats_ini(
     result = pytester.runpytest()
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["mailbox: env.test on 127.0.0.1:a free port per worker*"])
+
+
+def test_native_toml_numbers_are_taken_as_written(pytester: pytest.Pytester) -> None:
+    # pytest 9's [tool.pytest] keeps TOML types: ttl = 120 is an int, lease = 7.5 a float.
+    pytester.makepyprojecttoml(
+        """
+        [tool.pytest]
+        mailbox_ttl = 120
+        mailbox_lease = 7.5
+        mailbox_max_reads = 5
+        mailbox_link_domains = "app.example.test, cdn.example.test"
+        """
+    )
+    pytester.makepyfile(
+        """
+        def test_it(email_contract):
+            assert (email_contract.ttl, email_contract.lease, email_contract.max_reads) == (
+                120, 7.5, 5
+            )
+            assert email_contract.link_domains == ("app.example.test", "cdn.example.test")
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+    pytester.makepyprojecttoml("[tool.pytest]\nmailbox_ttl = 1.5\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*ini mailbox_ttl='1.5' is invalid; allowed: whole seconds, 1..mailbox_ttl_max*"]
+    )
+
+
+def test_only_the_closest_marker_counts(pytester: pytest.Pytester) -> None:
+    # As documented: a test's own marker replaces its module's, it is not merged with it.
+    pytester.makepyfile(
+        """
+        import pytest
+
+        pytestmark = pytest.mark.email_contract(purpose="module", ttl=120)
+
+        def test_module_marker(email_contract):
+            assert (email_contract.purpose, email_contract.ttl) == ("module", 120)
+
+        @pytest.mark.email_contract(purpose="own")
+        def test_own_marker(email_contract):
+            assert (email_contract.purpose, email_contract.ttl) == ("own", 300)
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=2)
+
+
+def test_a_raised_ttl_max_lets_a_longer_marker_ttl_through(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.email_contract(ttl=7200)
+        def test_it(isolated_mailbox):
+            row = isolated_mailbox.store.mailbox(isolated_mailbox.mailbox_id)
+            assert row.expires_at - row.created_at == 7200
+        """
+    )
+    pytester.runpytest("--mailbox-ttl-max=86400").assert_outcomes(passed=1)
+
+
+def test_an_ini_receipts_path_is_taken_from_the_ini_files_directory(
+    pytester: pytest.Pytester,
+) -> None:
+    # As pytest's own paths settings: running from a subdirectory writes the same file.
+    pytester.makeini("[pytest]\nmailbox_receipts = out/receipts.jsonl\n")
+    pytester.mkpydir("sub")
+    pytester.makepyfile(**{"sub/test_it": "def test_it(isolated_mailbox): pass"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(pytester.path / "sub")
+        pytester.runpytest().assert_outcomes(passed=1)
+
+    (line,) = (pytester.path / "out" / "receipts.jsonl").read_text().splitlines()
+    assert json.loads(line)["state"] == "released"
+    assert not (pytester.path / "sub" / "out").exists()
+
+
+def test_collect_only_leaves_the_receipts_file_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+    pytester.runpytest("--mailbox-receipts=receipts.jsonl").assert_outcomes(passed=1)
+    before = (pytester.path / "receipts.jsonl").read_text()
+    assert before
+
+    result = pytester.runpytest("--collect-only", "--mailbox-receipts=receipts.jsonl")
+
+    assert result.ret == pytest.ExitCode.OK
+    assert (pytester.path / "receipts.jsonl").read_text() == before
 
 
 def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:

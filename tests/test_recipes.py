@@ -33,7 +33,8 @@ def test_django_recipe_passes_beside_pytest_django(pytester: pytest.Pytester, wo
     result.stdout.fnmatch_lines(
         [
             "django: version: *, settings: mysite.settings (from ini)",
-            "mailbox: 6 reserved, 6 received, 6 claimed, 6 consumed, 0 expired, 0 unrouted",
+            "mailbox: 6 reserved, 6 received, 6 claimed, 6 consumed, "
+            "0 expired, 0 claims expired, 0 unrouted",
         ]
     )
     if workers == "2":

@@ -406,6 +406,56 @@ def reserve_mailbox(store: Store, run_id: str = "r-mailbox") -> Mailbox:
     )
 
 
+@pytest.mark.parametrize(
+    ("contract", "ttl_max", "expected"),
+    [
+        (
+            EmailContract(ttl=7200),
+            None,
+            "Mailbox.reserve: ttl=7200 exceeds mailbox_ttl_max=3600; lower ttl or raise",
+        ),
+        (
+            EmailContract(ttl=7200),
+            600,
+            "Mailbox.reserve: ttl=7200 exceeds mailbox_ttl_max=600; lower ttl or raise",
+        ),
+        (
+            EmailContract(ttl=10, lease=60),
+            None,
+            "Mailbox.reserve: lease=60 exceeds ttl=10; a claim cannot outlive its mailbox",
+        ),
+    ],
+)
+def test_mailbox_reserve_holds_the_contract_to_its_limits(
+    store: Store, db: Path, contract: EmailContract, ttl_max: int | None, expected: str
+) -> None:
+    # Without the plugin too: a claim never outlives its mailbox, a ttl never the maximum.
+    limits = {} if ttl_max is None else {"ttl_max": ttl_max}
+
+    with pytest.raises(ContractError, match=expected):
+        Mailbox.reserve(store, contract=contract, domain=DOMAIN, **limits)
+
+    assert rows(db, "SELECT COUNT(*) FROM mailboxes") == [(0,)]
+    wide = Mailbox.reserve(store, contract=EmailContract(ttl=7200), domain=DOMAIN, ttl_max=86400)
+    row = store.mailbox(wide.mailbox_id)
+    assert row is not None
+    assert row.expires_at - row.created_at == 7200
+
+
+def test_a_second_release_is_refused_like_any_call_on_a_closed_mailbox(
+    store: Store, db: Path
+) -> None:
+    mailbox = reserve_mailbox(store)
+    assert mailbox.release().status is Status.RELEASED
+    before = snapshot(db)
+
+    with pytest.raises(MailboxClosed, match="is released; reserve a new one") as refused:
+        mailbox.release(CloseReason.RELEASED_ERROR)
+
+    assert refused.value.status is Status.RELEASED
+    assert snapshot(db) == before  # the first close reason stands
+
+
 def test_mailbox_reserve_is_idempotent_for_the_same_run(store: Store) -> None:
     first = reserve_mailbox(store)
     again = reserve_mailbox(store)

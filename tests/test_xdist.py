@@ -103,7 +103,10 @@ def test_generated_suite_of_300(pytester: pytest.Pytester, workers: str, mode: s
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=300)
     result.stdout.fnmatch_lines(
-        ["mailbox: 300 reserved, 300 received, 300 claimed, 300 consumed, 0 expired, 0 unrouted"]
+        [
+            "mailbox: 300 reserved, 300 received, 300 claimed, 300 consumed, "
+            "0 expired, 0 claims expired, 0 unrouted"
+        ]
     )
     assert "database is locked" not in result.stdout.str() + result.stderr.str()
     assert _receipt_count(pytester.path / "junit.xml") == 300
@@ -262,10 +265,12 @@ def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: P
     assert runs["a"].returncode == 0, out["a"]
     assert runs["b"].returncode == 0, out["b"]
     assert (
-        "mailbox: 1 reserved, 1 received, 1 claimed, 1 consumed, 0 expired, 0 unrouted" in out["a"]
+        "mailbox: 1 reserved, 1 received, 1 claimed, 1 consumed, "
+        "0 expired, 0 claims expired, 0 unrouted" in out["a"]
     )
     assert (
-        "mailbox: 1 reserved, 0 received, 0 claimed, 0 consumed, 0 expired, 1 unrouted" in out["b"]
+        "mailbox: 1 reserved, 0 received, 0 claimed, 0 consumed, "
+        "0 expired, 0 claims expired, 1 unrouted" in out["b"]
     )
 
 
@@ -296,7 +301,8 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
             "*- mailbox -*",
             "*orphaned*worker gw* crashed while running the test",
             "*expired*expired_timeout",
-            "mailbox: 2 reserved, 2 received, 2 claimed, 1 consumed, 2 expired, 0 unrouted",
+            "mailbox: 2 reserved, 2 received, 2 claimed, 1 consumed, "
+            "1 expired, 1 claims expired, 0 unrouted",
         ]
     )
     assert "database is locked" not in result.stdout.str()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -78,6 +79,10 @@ CONTRACT_FIELDS: dict[str, str] = {
 }
 
 
+#: The longest mailbox ttl, in seconds, unless ``mailbox_ttl_max`` says otherwise.
+DEFAULT_TTL_MAX = 3600
+
+
 class EmailContract(BaseModel):
     """The per-test rules: ini defaults overlaid by ``@pytest.mark.email_contract(...)``."""
 
@@ -114,34 +119,58 @@ class EmailContract(BaseModel):
             domains.append(domain)
         return tuple(domains)
 
-    def check_limits(self, *, ttl_max: int, source: str = "email_contract") -> None:
-        """Refuse values that are valid alone but break the configured limits."""
+    def check_limits(
+        self,
+        *,
+        ttl_max: int,
+        source: str = "email_contract",
+        sources: Mapping[str, str] | None = None,
+    ) -> None:
+        """Refuse values that are valid alone but break the configured limits.
+
+        ``sources`` names where each value came from, where the settings know it.
+        """
+
+        def came(name: str) -> str:
+            return f" ({sources[name]})" if sources and name in sources else ""
+
         if self.ttl > ttl_max:
             msg = (
-                f"{source}: ttl={self.ttl} exceeds mailbox_ttl_max={ttl_max}; "
-                "lower ttl or raise mailbox_ttl_max in pytest.ini"
+                f"{source}: ttl={self.ttl}{came('ttl')} exceeds mailbox_ttl_max={ttl_max}"
+                f"{came('ttl_max')}; lower ttl or raise mailbox_ttl_max (the ini key, "
+                "--mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX)"
             )
             raise ValueError(msg)
         if self.lease > self.ttl:
             msg = (
-                f"{source}: lease={self.lease:g} exceeds ttl={self.ttl}; "
-                "a claim cannot outlive its mailbox, lower lease or raise ttl"
+                f"{source}: lease={self.lease:g}{came('lease')} exceeds ttl={self.ttl}"
+                f"{came('ttl')}; a claim cannot outlive its mailbox, lower lease or raise ttl"
             )
             raise ValueError(msg)
 
 
-def describe_validation_error(source: str, error: ValidationError, allowed: dict[str, str]) -> str:
-    """Turn a pydantic error into one line per field: name, value given, what is allowed."""
+def describe_validation_error(
+    source: str,
+    error: ValidationError,
+    allowed: dict[str, str],
+    *,
+    sources: Mapping[str, str] | None = None,
+) -> str:
+    """Turn a pydantic error into one line per field: name, value given, what is allowed.
+
+    ``sources`` names where each field's value came from: ``purpose='x' (ini mailbox_purpose)``.
+    """
     lines = []
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "?"
         top = str(item["loc"][0]) if item["loc"] else ""
+        came = f" ({sources[top]})" if sources and top in sources else ""
         if item["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown field {field!r}; allowed fields: {', '.join(allowed)}")
             continue
         hint = allowed.get(top, "")
         lines.append(
-            f"{source}: {field}={item.get('input')!r} is invalid: {item['msg']}"
+            f"{source}: {field}={item.get('input')!r}{came} is invalid: {item['msg']}"
             + (f" (allowed: {hint})" if hint else "")
         )
     return "\n".join(lines)

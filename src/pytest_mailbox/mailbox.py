@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from pytest_mailbox.contract import (
+    DEFAULT_TTL_MAX,
     SELECTOR_FIELDS,
     Checkpoint,
     CloseReason,
@@ -91,6 +92,11 @@ def _describe(selector: Selector) -> str:
     """The selector as errors and the timeline show it: digit runs masked, as in subjects
     (a test may look for a code it was given)."""
     return mask_secrets(selector.describe())
+
+
+def _quoted(value: str) -> str:
+    """A selector value quoted in a near-miss reason, digit runs masked as ``_describe`` does."""
+    return mask_secrets(repr(value))
 
 
 def _similar(alias: str, mine: str) -> bool:
@@ -201,8 +207,17 @@ class Mailbox:
         run_id: str | None = None,
         nodeid: str = "",
         signal: Signal | None = None,
+        ttl_max: int = DEFAULT_TTL_MAX,
     ) -> Mailbox:
-        """Reserve (or, for the same run and purpose, find again) a mailbox."""
+        """Reserve (or, for the same run and purpose, find again) a mailbox.
+
+        The contract is held to ``ttl_max`` (the plugin passes ``mailbox_ttl_max``) and its
+        lease to its ttl, as the plugin holds a marker: ``ContractError`` names the fix.
+        """
+        try:
+            contract.check_limits(ttl_max=ttl_max, source="Mailbox.reserve")
+        except ValueError as exc:
+            raise ContractError(str(exc)) from None
         row, _ = store.reserve(
             run_id=run_id or new_run_id(),
             purpose=contract.purpose,
@@ -511,11 +526,11 @@ class Mailbox:
     def _content_reason(self, row: MessageRow, selector: Selector) -> str | None:
         subject = row.subject
         if selector.subject is not None and subject != selector.subject:
-            return f"subject is not {selector.subject!r}"
+            return f"subject is not {_quoted(selector.subject)}"
         if selector.subject_contains is not None and selector.subject_contains not in subject:
-            return f"subject does not contain {selector.subject_contains!r}"
+            return f"subject does not contain {_quoted(selector.subject_contains)}"
         if selector.subject_regex is not None and not re.search(selector.subject_regex, subject):
-            return f"subject does not match /{selector.subject_regex}/"
+            return f"subject does not match /{mask_secrets(selector.subject_regex)}/"
         if selector.sender is not None:
             wanted = selector.sender.lower()
             parsed = self._parsed_message(row)
@@ -527,18 +542,18 @@ class Mailbox:
             if found is None:
                 return f"has no {name} header"
             if found.strip() != value:
-                return f"header {name} is not {value!r}"
+                return f"header {name} is not {_quoted(value)}"
         if selector.body_contains is not None or selector.body_regex is not None:
             body = self._parsed_message(row).body_text
             html = self._parsed_message(row).html
             if selector.body_contains is not None and not (
                 selector.body_contains in body or selector.body_contains in html
             ):
-                return f"body does not contain {selector.body_contains!r}"
+                return f"body does not contain {_quoted(selector.body_contains)}"
             if selector.body_regex is not None and not (
                 re.search(selector.body_regex, body) or re.search(selector.body_regex, html)
             ):
-                return f"body does not match /{selector.body_regex}/"
+                return f"body does not match /{mask_secrets(selector.body_regex)}/"
         return None
 
     def _timeout_text(
@@ -626,8 +641,13 @@ class Mailbox:
         )
 
     def release(self, reason: CloseReason = CloseReason.RELEASED_SUCCESS) -> Outcome:
-        """End the reservation; every later operation on it is refused."""
-        return self.store.release(self.mailbox_id, self.fence, reason)
+        """End the reservation; every later operation on it is refused, a second release
+        too (``MailboxClosed``, as every other call on a closed mailbox)."""
+        self._ensure_open()
+        outcome = self.store.release(self.mailbox_id, self.fence, reason)
+        if outcome.status is not Status.RELEASED:  # expired or re-fenced since the check
+            _raise_for(outcome, "release")
+        return outcome
 
     def inject_fault(
         self, *, stage: str, reply: str = "451 4.3.0 Try again later", times: int = 1

@@ -8,7 +8,7 @@ import types
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 STORE_NAME = "pytest-mailbox.sqlite3"
 
 _settings_key = pytest.StashKey[Settings]()
+#: pytest 9.2+ reads a number in a native TOML table (``[tool.pytest]``, ``mailbox_ttl =
+#: 120``) as itself; ini files and ``-o`` give strings. Older pytest takes strings only.
+_INI_TYPE: Any = (str | int | float) if pytest.version_tuple >= (9, 2) else "string"
 _store_path_key = pytest.StashKey[Path]()
 _signal_key = pytest.StashKey[Signal]()
 _mailboxes_key = pytest.StashKey["list[Mailbox]"]()
@@ -57,7 +60,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             metavar=option.name.upper(),
             help=f"{option.help} (ini {option.ini}, env {option.env}; default {option.default!r})",
         )
-        parser.addini(option.ini, f"{option.help} (allowed: {option.allowed})", default=None)
+        parser.addini(
+            option.ini, f"{option.help} (allowed: {option.allowed})", _INI_TYPE, default=None
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -72,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
             cli={o.name: config.getoption(f"mailbox_{o.name}") for o in OPTIONS},
             ini={o.name: config.getini(o.ini) for o in OPTIONS},
             ini_keys=_ini_keys(config),
+            ini_dir=config.inipath.parent if config.inipath is not None else None,
         )
     except ValueError as exc:
         raise pytest.UsageError(f"pytest-mailbox: {exc}") from None
@@ -84,7 +90,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
-    if settings.receipts is not None and not _is_worker(config):
+    # --collect-only runs no test: the receipts file of the last run stays as it is.
+    if settings.receipts is not None and not _is_worker(config) and not config.option.collectonly:
         try:
             writer = _ReceiptWriter(settings.receipts)
         except OSError as exc:  # a parent that is a file, a read-only place, …
@@ -356,6 +363,7 @@ class _Fixtures:
             domain=config.stash[_settings_key].domain,
             nodeid=item.nodeid,
             signal=config.stash[_signal_key],
+            ttl_max=config.stash[_settings_key].ttl_max,
         )
         opened = item.stash.setdefault(_mailboxes_key, [])
         opened.append(mailbox)

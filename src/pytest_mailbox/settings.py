@@ -16,7 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pytest_mailbox.contract import CONTRACT_FIELDS, EmailContract, describe_validation_error
+from pytest_mailbox.contract import (
+    CONTRACT_FIELDS,
+    DEFAULT_TTL_MAX,
+    EmailContract,
+    describe_validation_error,
+)
 from pytest_mailbox.endpoint import (
     DATA_POLICIES,
     DEFAULT_IDLE_TIMEOUT,
@@ -175,7 +180,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "ttl_max",
         "Longest mailbox ttl a test may ask for, in seconds",
-        "3600",
+        str(DEFAULT_TTL_MAX),
         "an integer 1..86400",
         _int(1, 86400),
     ),
@@ -223,7 +228,7 @@ OPTIONS: tuple[Option, ...] = (
         "link_domains",
         "Hosts that link() may return (default: any)",
         "",
-        CONTRACT_FIELDS["link_domains"],
+        "host names separated by commas or spaces",
         _domains,
     ),
 )
@@ -263,17 +268,23 @@ class Settings:
         ini: Mapping[str, str | None],
         env: Mapping[str, str] | None = None,
         ini_keys: Iterable[str] = (),
+        ini_dir: Path | None = None,
     ) -> Settings:
-        """Overlay the sources and validate; ``ValueError`` names the setting and its values.
+        """Overlay the sources and validate; ``ValueError`` names the setting, where its
+        value came from (``--mailbox-ttl``, ``PYTEST_MAILBOX_TTL``, ``ini mailbox_ttl``) and
+        what it allows.
 
         ``ini_keys`` are every key of the ini file: a ``mailbox_*`` key or ``PYTEST_MAILBOX_*``
         variable that is no setting (a typo) is refused rather than silently ignored.
+        ``ini_dir`` is the ini file's directory: a relative receipts path given there is
+        taken from it, as pytest takes its own ``paths`` settings.
         """
         env = os.environ if env is None else env
         _refuse_unknown(ini_keys, env)
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for option in OPTIONS:
-            text, source = option.default, option.ini
+            text, source = option.default, "default"
             for candidate, where in (
                 (ini.get(option.name), f"ini {option.ini}"),
                 (env.get(option.env), option.env),
@@ -286,12 +297,18 @@ class Settings:
             except (ValueError, TypeError):
                 msg = f"{source}={text!r} is invalid; allowed: {option.allowed}"
                 raise ValueError(msg) from None
+            sources[option.name] = source
         contract_values = {k: values.pop(k) for k in _CONTRACT_KEYS}
         try:
             contract = EmailContract(**contract_values)
         except ValidationError as exc:
-            raise ValueError(describe_validation_error("ini", exc, CONTRACT_FIELDS)) from None
-        contract.check_limits(ttl_max=values["ttl_max"], source="ini")
+            raise ValueError(
+                describe_validation_error("settings", exc, CONTRACT_FIELDS, sources=sources)
+            ) from None
+        contract.check_limits(ttl_max=values["ttl_max"], source="settings", sources=sources)
+        receipts = Path(values["receipts"]) if values["receipts"] else None
+        if receipts is not None and ini_dir is not None and sources["receipts"].startswith("ini"):
+            receipts = ini_dir / receipts  # an absolute path stays as it is
         return cls(
             domain=values["domain"],
             allowed_domains=tuple(dict.fromkeys((values["domain"], *values["allowed_domains"]))),
@@ -302,7 +319,7 @@ class Settings:
             idle_timeout=values["idle_timeout"],
             data_policy=values["data_policy"],
             ttl_max=values["ttl_max"],
-            receipts=Path(values["receipts"]) if values["receipts"] else None,
+            receipts=receipts,
             contract=contract,
         )
 

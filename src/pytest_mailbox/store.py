@@ -863,7 +863,7 @@ class Store:
                     holder=msg.holder,
                     lease_until=msg.lease_until,
                 )
-            self._end_claim(tx, message_id, msg.fence, "expired", now)
+            self._lapse(tx, message_id, msg.fence, mailbox_id, now)
         lease_until = min(now + lease, opened.expires_at)
         fence = tx.next_fence()
         updated = tx.run(
@@ -877,7 +877,7 @@ class Store:
             "INSERT INTO claims VALUES (?,?,?,?,?,?,?,NULL)",
             (fence, message_id, mailbox_id, holder, now, lease_until, "claimed"),
         )
-        tx.run("UPDATE mailboxes SET state = 'claimed' WHERE mailbox_id = ?", (mailbox_id,))
+        self._advance(tx, mailbox_id, Status.CLAIMED)  # a second claim: still 'consumed'
         tx.event(mailbox_id, now, Status.CLAIMED, f"{message_id} fence {fence}")
         body = tx.one("SELECT raw FROM bodies WHERE body_id = ?", (msg.body_id,))
         return Outcome(
@@ -954,13 +954,7 @@ class Store:
                 "WHERE state = 'claimed' AND lease_until <= ?",
                 (now,),
             ):
-                self._end_claim(tx, row["message_id"], row["fence"], "expired", now)
-                tx.event(
-                    row["mailbox_id"],
-                    now,
-                    Status.LEASE_EXPIRED,
-                    f"{row['message_id']} fence {row['fence']}",
-                )
+                self._lapse(tx, row["message_id"], row["fence"], row["mailbox_id"], now)
                 leases += 1
         return {"mailboxes": mailboxes, "leases": leases}
 
@@ -1015,8 +1009,8 @@ class Store:
             "received": count("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NOT NULL"),
             "claimed": count("SELECT COUNT(*) FROM claims"),
             "consumed": count("SELECT COUNT(*) FROM messages WHERE state = 'consumed'"),
-            "expired": count("SELECT COUNT(*) FROM mailboxes WHERE state = 'expired'")
-            + count("SELECT COUNT(*) FROM claims WHERE state = 'expired'"),
+            "expired": count("SELECT COUNT(*) FROM mailboxes WHERE state = 'expired'"),
+            "claims expired": count("SELECT COUNT(*) FROM claims WHERE state = 'expired'"),
             "unrouted": count("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NULL"),
         }
 
@@ -1143,7 +1137,7 @@ class Store:
             or (msg.lease_until is not None and msg.lease_until <= now)
         ):
             if msg.state == Status.CLAIMED.value:
-                self._end_claim(tx, message_id, fence, "expired", now)
+                self._lapse(tx, message_id, fence, row["mailbox_id"], now)
             return Outcome(
                 Status.LEASE_EXPIRED, message_id, fence=fence, lease_until=msg.lease_until
             )
@@ -1178,6 +1172,15 @@ class Store:
             (mailbox_id,),
         ):
             self._end_claim(tx, claim["message_id"], claim["fence"], state, now)
+
+    @classmethod
+    def _lapse(
+        cls, tx: _Tx, message_id: str, fence: int | None, mailbox_id: str, now: float
+    ) -> None:
+        """End a claim whose lease ran out, and say so in the mailbox's timeline: whoever
+        notices first (the reconciler, a new claim, the holder's late ack) writes it."""
+        cls._end_claim(tx, message_id, fence, "expired", now)
+        tx.event(mailbox_id, now, Status.LEASE_EXPIRED, f"{message_id} fence {fence}")
 
     @staticmethod
     def _end_claim(tx: _Tx, message_id: str, fence: int | None, state: str, now: float) -> None:
