@@ -1152,3 +1152,140 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
     )
     assert journal_path(mailbox_store.path).is_file()
     bare.release()
+
+
+@SIGNUP
+def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    reserve = {"purpose": "signup", "ttl": 60}
+    calls = [("reserve_mailbox", reserve), ("reserve_mailbox", {**reserve, "body": "please"})]
+
+    async def call(client: ClientSession, name: str, arguments: dict[str, Any]) -> str:
+        result = await client.call_tool(name, arguments)
+        assert not result.is_error
+        return str(result.structured_content["status"])
+
+    async def sessions() -> list[tuple[str, str]]:
+        """Two agents at once, then a restarted server: every session's ids start alike."""
+        done: list[tuple[str, str]] = []
+        async with stdio_client(params) as (a_in, a_out), ClientSession(a_in, a_out) as a:
+            await a.initialize()
+            async with stdio_client(params) as (b_in, b_out), ClientSession(b_in, b_out) as b:
+                await b.initialize()
+                for name, arguments in calls:
+                    for session, client in (("a", a), ("b", b)):
+                        done.append((session, await call(client, name, arguments)))
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as c:
+            await c.initialize()
+            for name, arguments in calls:
+                done.append(("c", await call(c, name, arguments)))
+        return done
+
+    done = asyncio.run(sessions())
+
+    evidence = isolated_mailbox.receipt().evidence or []
+    statuses = ["reserved"] * 2 + ["rejected"] * 2 + ["reserved", "rejected"]
+    assert [status for _, status in done] == [e.status for e in evidence] == statuses
+    ids = [e.tool_call_id for e in evidence]
+    assert all(i.startswith("mcp-") for i in ids)
+    assert len(set(ids)) == len(ids)  # a new session's call is never an earlier one's
+    prefixes: dict[str, set[str]] = {}
+    for (session, _), tool_call_id in zip(done, ids, strict=True):
+        prefixes.setdefault(session, set()).add(tool_call_id.rsplit("-", 1)[0])
+    assert all(len(p) == 1 for p in prefixes.values())  # one prefix per server session
+    assert len(set.union(*prefixes.values())) == 3  # and a different one for each
+
+
+@SIGNUP
+def test_whole_number_floats_are_accepted_where_the_schema_says_integer(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    # JSON Schema's "integer" admits 60.0, and json.loads("60.0") is a float
+    assert tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60.0})["status"] == (
+        "reserved"
+    )
+    assert tools.call("reserve_mailbox", '{"purpose": "signup", "ttl": 60.0}')["status"] == (
+        "reserved"
+    )
+    assert tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 121.0}) == {
+        "status": "policy_denied",
+        "reason": "ttl exceeds this run's maximum of 120 seconds",
+        "next_action": {"do": "fix_arguments", "tool": "reserve_mailbox"},
+    }
+    for entry in (isolated_mailbox.receipt().evidence or [])[:2]:
+        assert entry.arguments == {"purpose": "signup", "ttl": 60}
+        assert type(entry.arguments["ttl"]) is int
+
+    app.signup(isolated_mailbox.address)
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+    selector = {"message_id": found["message_id"]}
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": selector})
+    ack = {"fixture_id": own, "message_id": found["message_id"]}
+    consumed = tools.call("ack_message", json.dumps({**ack, "fence": float(claimed["fence"])}))
+    assert (consumed["status"], consumed["message_id"]) == ("consumed", found["message_id"])
+    assert (isolated_mailbox.receipt().evidence or [])[-1].arguments == {
+        **ack,
+        "fence": claimed["fence"],
+    }
+    app.assert_secret_free(dump_receipt(isolated_mailbox.receipt()))
+
+
+_VALID_INTEGER = "Input should be a valid integer"
+
+
+@SIGNUP
+def test_only_whole_number_floats_in_range_pass_for_integers(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    ack = {"fixture_id": isolated_mailbox.mailbox_id, "message_id": "m-0123456789ab", "fence": 7}
+    reserve = {"purpose": "signup", "ttl": 60}
+    before = untouched(mailbox_store, isolated_mailbox)
+    # the bounds, as whole-number floats: past intent (an unknown message is the store's no)
+    for ttl in (1.0, 60.0, 120.0):
+        assert tools.call("reserve_mailbox", {**reserve, "ttl": ttl})["status"] == "reserved"
+    for fence in (1.0, float(2**62)):
+        assert tools.call("ack_message", {**ack, "fence": fence})["status"] == "policy_denied"
+    cases: list[tuple[str, dict[str, Any], str, object, str]] = [
+        ("reserve_mailbox", reserve, "ttl", 60.5, _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", 1e-9, _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", float("nan"), _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", float("inf"), _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", float("-inf"), _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", True, _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", "60", _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", "60.0", _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", [60.0], _VALID_INTEGER),
+        ("reserve_mailbox", reserve, "ttl", 0.0, "Input should be greater than or equal to 1"),
+        ("reserve_mailbox", reserve, "ttl", -60.0, "Input should be greater than or equal to 1"),
+        ("reserve_mailbox", reserve, "ttl", 86401.0, "Input should be less than or equal to 86400"),
+        ("reserve_mailbox", reserve, "ttl", 1e300, "Input should be less than or equal to 86400"),
+        ("ack_message", ack, "fence", 7.5, _VALID_INTEGER),
+        ("ack_message", ack, "fence", False, _VALID_INTEGER),
+        (
+            "ack_message",
+            ack,
+            "fence",
+            float(2**63),
+            "Input should be less than or equal to 9223372036854775807",
+        ),
+    ]
+    for tool, arguments, name, value, problem in cases:
+        given = {**arguments, name: value}
+        rejected = {
+            "status": "rejected",
+            "reason": f"invalid arguments for {tool}: {name}: {problem}",
+            "next_action": {"do": "fix_arguments", "tool": tool},
+        }
+        assert tools.call(tool, given) == rejected, (name, value)
+        assert tools.call(tool, json.dumps(given)) == rejected, (name, value)  # NaN, Infinity
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    trailed = trail(isolated_mailbox)
+    assert [status for _, _, status in trailed[:5]] == ["reserved"] * 3 + ["policy_denied"] * 2
+    assert trailed[5:] == [
+        (tool, ["proposed", "rejected"], "rejected") for tool, *_ in cases for _ in range(2)
+    ]

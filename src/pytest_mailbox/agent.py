@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+)
 from pydantic import model_validator as _model_validator
 
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status, utc
@@ -71,13 +78,28 @@ MessageId = Annotated[
 ]
 
 
+def _whole(value: object) -> object:
+    """A float that is a whole number, as the int it is; anything else as it came.
+
+    JSON Schema's ``integer`` admits ``60.0``, and ``json.loads`` makes it a float. 60.5,
+    nan, inf, booleans and strings stay as they are, for the strict ``int`` to refuse.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An ``integer`` of the schema: an int, or a float that is a whole number.
+WholeNumber = Annotated[int, BeforeValidator(_whole)]
+
+
 class ReserveMailbox(_Arguments):
     """Get this run's mailbox: its fixture_id and e-mail address (the same on every call)."""
 
     purpose: str = Field(
         pattern=r"^[a-z][a-z0-9-]{0,29}$", description="What the mailbox is for, e.g. 'signup'."
     )
-    ttl: int = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
+    ttl: WholeNumber = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
 
 
 class WaitForMessage(_Arguments):
@@ -126,7 +148,9 @@ class AckMessage(_Arguments):
 
     fixture_id: FixtureId
     message_id: MessageId
-    fence: int = Field(ge=1, le=2**63 - 1, description="The fence that claim_message returned.")
+    fence: WholeNumber = Field(
+        ge=1, le=2**63 - 1, description="The fence that claim_message returned."
+    )
 
 
 class ReleaseMailbox(_Arguments):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,12 +51,17 @@ def build_server(tools: AgentTools) -> Server[Any]:
     async def list_tools(ctx: ServerRequestContext[Any], params: object) -> ListToolsResult:
         return types.ListToolsResult(tools=listed)
 
+    # Request ids start over in every session: this server's own prefix keeps the journal's
+    # tool_call_ids apart across sessions (a restarted server, a second agent), while a
+    # request keeps one id within its session.
+    prefix = f"mcp-{secrets.token_hex(6)}-"
+
     async def call_tool(
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
         # A wait blocks: run it in a thread so the session keeps answering pings.
         answer = await anyio.to_thread.run_sync(
-            tools.call, params.name, params.arguments or {}, f"mcp-{ctx.request_id}"
+            tools.call, params.name, params.arguments or {}, f"{prefix}{ctx.request_id}"
         )
         return types.CallToolResult(
             content=[types.TextContent(text=json.dumps(answer))], structured_content=answer
