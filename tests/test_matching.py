@@ -558,6 +558,48 @@ def test_selector_picks_the_right_one_of_two(
     assert msg.header("X-Campaign") == expected["headers"]["X-Campaign"]
 
 
+#: Repeated groups whose rounds can split a text in exponentially many ways, though no
+#: repeat nests in another: a failing search on a long message runs for hours.
+AMBIGUOUS_ROUNDS = [
+    r"(a|aa)+$",  # the reviewer's case: 1.3 s on 33 characters
+    r"(aa?)+$",  # a round's optional end may begin the next round
+    r"(\d|\d\d)+$",
+    r"(b|ba|a)+$",  # "ba" is one round or two
+    r"(?:(?:a)|(?:a))+$",  # two alternatives take the same text
+    r"(?:a{2}|a{3})+$",
+    r"(a)(?:\1|b)+$",  # a backreference may take anything
+    r"(?i)(?:x|yX?)+$",
+]
+#: Repeated groups that split a text one way only, or whose repeat cannot give back.
+ONE_WAY_ROUNDS = [
+    r"(\w+\.)+example\.test",  # each round ends in a part the next cannot begin with
+    r"(?:[A-Z0-9]{4}-?)+",
+    r"(a|ab)+c",
+    r"(?:\s|&nbsp;)+code",
+    r'(?:\\.|[^"\\])*',
+    r"(?:a++|b)+$",  # possessive: never gives back
+    r"(?>a|ab)+$",  # atomic
+    r"(?:(?=a)a|b)+$",
+    r"(\d\d?){3}",  # few rounds: bounded
+]
+
+
+@pytest.mark.parametrize("pattern", AMBIGUOUS_ROUNDS)
+def test_a_regex_whose_rounds_split_many_ways_is_refused(
+    isolated_mailbox: Mailbox, pattern: str
+) -> None:
+    for field in ("subject_regex", "body_regex"):
+        with pytest.raises(ContractError, match="whose end may also begin its next round"):
+            isolated_mailbox.wait_for(timeout=10, **{field: pattern})
+
+
+@pytest.mark.parametrize("pattern", ONE_WAY_ROUNDS)
+def test_a_regex_whose_rounds_split_one_way_is_taken(
+    isolated_mailbox: Mailbox, pattern: str
+) -> None:
+    isolated_mailbox.expect_none(within=0, subject_regex=pattern, body_regex=pattern)
+
+
 def test_sender_selector_also_matches_the_envelope_sender(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

@@ -17,9 +17,11 @@ from pytest_mailbox.endpoint import host_name
 if sys.version_info >= (3, 11):
     from re import _constants as _sre_constants
     from re import _parser as _sre_parse
+    from re._compiler import compile as _sre_compile
 else:  # pragma: no cover - Python 3.10
     import sre_constants as _sre_constants
     import sre_parse as _sre_parse
+    from sre_compile import compile as _sre_compile
 
 __all__ = [
     "AgentEvidence",
@@ -219,12 +221,22 @@ class Selector(BaseModel):
             except Exception as exc:  # re.error, OverflowError, RecursionError
                 msg = f"not a valid regular expression ({exc})"
                 raise ValueError(msg) from None
-            if _nested_repeat(_sre_parse.parse(value)):
+            parsed = _sre_parse.parse(value)
+            if _nested_repeat(parsed):
                 msg = (
                     "the pattern repeats a group that itself repeats a variable number of "
                     "times, as in (a+)+ or (\\w+\\s?)*, which can backtrack for hours on a "
                     "long message; rewrite it without the nesting, or use subject_contains "
                     "/ body_contains"
+                )
+                raise ValueError(msg)
+            if _Overlap(parsed).ambiguous_repeat(parsed):
+                msg = (
+                    "the pattern repeats a group whose end may also begin its next round, as "
+                    "in (a|aa)+ or (ab?)+, so a text splits between the rounds in "
+                    "exponentially many ways and a failing search can run for hours; make "
+                    "each round end in a part the next cannot begin with (as in (\\w+\\.)+), "
+                    "or use subject_contains / body_contains"
                 )
                 raise ValueError(msg)
         return value
@@ -294,6 +306,116 @@ def _dominated(body: Any, *, unbounded: bool) -> bool:
         elif any(_dominated(child, unbounded=unbounded) for child in _children(op, av)):
             return True
     return False
+
+
+#: Python 3.11+: ``a++`` and ``(?>...)`` never backtrack into what they matched.
+_POSSESSIVE = getattr(_sre_constants, "POSSESSIVE_REPEAT", object())
+_ATOMIC = getattr(_sre_constants, "ATOMIC_GROUP", object())
+#: Repeats bounded this low cannot blow up: at most 2**N ways to split a text.
+_FEW_ROUNDS = 8
+#: Characters a first set is tried on, besides ASCII and the pattern's own literals: one
+#: of each kind a category or a negated class may reach outside ASCII.
+_SAMPLES = "\u00a0\u00e9\u00df\u0663\u2028\u4e2d\uff11"
+
+
+class _Overlap:
+    """Can a repeated group's round end in a part that may also begin the next round?
+
+    Then the rounds split a text in exponentially many ways (``(a|aa)+``, ``(aa?)+``,
+    ``(\\d|\\d\\d)+``), which ``_nested_repeat`` does not see: no repeat nests in another.
+    Character sets are compared on a sample of characters (ASCII, the pattern's literals
+    and a few others), which errs towards refusing.
+    """
+
+    def __init__(self, pattern: Any) -> None:
+        self.flags = pattern.state.flags
+        self.state = pattern.state
+        literals = {chr(av) for op, av in _walk(pattern) if op is _sre_constants.LITERAL}
+        self.universe = "".join(sorted({chr(c) for c in range(128)} | literals | set(_SAMPLES)))
+        self.any = frozenset(self.universe)
+
+    def ambiguous_repeat(self, pattern: Any) -> bool:
+        for op, av in _walk(pattern):
+            if op in _REPEATS:
+                high, body = av[1], av[2]
+                if (high == _sre_constants.MAXREPEAT or high > _FEW_ROUNDS) and (
+                    self.first(body) & self.tail(body)
+                ):
+                    return True
+        return False
+
+    def first(self, items: Any) -> frozenset[str]:
+        """The characters a match of the sequence ``items`` may begin with."""
+        found: set[str] = set()
+        for item in items:
+            found |= self._first_of(item)
+            if self._width(item)[0]:
+                break
+        return frozenset(found)
+
+    def tail(self, items: Any) -> frozenset[str]:
+        """The characters that may continue a match of ``items`` past a point where a
+        shorter match of it ends already."""
+        found: set[str] = set()
+        for item in reversed(list(items)):
+            found |= self._tail_of(item)
+            if self._width(item)[0]:
+                break
+            found |= self._first_of(item)  # the item may be skipped, or taken
+        return frozenset(found)
+
+    def _first_of(self, item: Any) -> frozenset[str]:
+        op, av = item
+        if op in (_sre_constants.LITERAL, _sre_constants.NOT_LITERAL, _sre_constants.ANY):
+            return self._chars(item)
+        if op is _sre_constants.IN:
+            return self._chars(item)
+        if op in _REPEATS or op is _POSSESSIVE:
+            return self.first(av[2]) if av[1] else frozenset()
+        if op is _ATOMIC:
+            return self.first(av)
+        if op is _sre_constants.GROUPREF:
+            return self.any
+        if op in (_sre_constants.AT, _sre_constants.ASSERT, _sre_constants.ASSERT_NOT):
+            return frozenset()
+        return frozenset().union(*(self.first(child) for child in _children(op, av)))
+
+    def _tail_of(self, item: Any) -> frozenset[str]:
+        op, av = item
+        if op in (_POSSESSIVE, _ATOMIC):
+            return frozenset()  # never gives back what it took: the next round starts after
+        if op in _REPEATS:
+            low, high, body = av
+            extra = self.first(body) if low != high and high else frozenset()
+            return extra | self.tail(body)
+        if op is _sre_constants.BRANCH:
+            starts = [self.first(branch) for branch in av[1]]
+            empty = [branch for branch in av[1] if not self._width(branch)[0]]
+            if len(empty) > 1 or any(a & b for i, a in enumerate(starts) for b in starts[i + 1 :]):
+                return self.any  # (b|ba), (a|a): two alternatives may take the same text
+            return frozenset().union(*(self.tail(branch) for branch in av[1]))
+        if op is _sre_constants.GROUPREF:
+            return self.any
+        return frozenset().union(*(self.tail(child) for child in _children(op, av)))
+
+    def _width(self, item: Any) -> tuple[int, int]:
+        if not isinstance(item, _sre_parse.SubPattern):
+            item = _sre_parse.SubPattern(self.state, [item])
+        width: tuple[int, int] = item.getwidth()
+        return width
+
+    def _chars(self, item: Any) -> frozenset[str]:
+        compiled = _sre_compile(_sre_parse.SubPattern(self.state, [item]), self.flags)
+        return frozenset(c for c in self.universe if compiled.match(c))
+
+
+def _walk(pattern: Any) -> Any:
+    """Every item of a parsed pattern, at every depth."""
+    for op, av in pattern:
+        yield op, av
+        children = [av[2]] if op in _REPEATS else _children(op, av)
+        for child in children:
+            yield from _walk(child)
 
 
 def _children(op: Any, av: Any) -> list[Any]:
