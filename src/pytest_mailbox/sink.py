@@ -69,6 +69,11 @@ _ECHOING_REPLIES = (
     ('500 Error: command "', "500 5.5.1 Error: command not recognized"),
     ("502 Could not VRFY", "502 5.5.1 Could not VRFY that address"),
 )
+#: RFC 5321 4.5.3.1.6: a line of DATA is at most 998 octets before its CRLF, not counting a
+#: dot doubled for transparency. aiosmtpd refuses lines over 1001 octets with their CRLF and
+#: that dot, so a plain line of 999 got through; the sink refuses it with aiosmtpd's reply.
+_MAX_DATA_LINE = 998
+_LINE_TOO_LONG = "500 Line too long (see RFC5321 4.5.3.1.6)"
 
 
 class _NoContent(logging.Filter):
@@ -93,6 +98,12 @@ def transport_defects(raw: bytes) -> list[str]:
     if b"\0" in raw:
         found.append("nul")
     return found
+
+
+def _line_too_long(raw: bytes) -> bool:
+    """True if a line of DATA (``raw``: as received, dot-stuffing removed; lines end at CRLF,
+    as aiosmtpd reads them) is longer than RFC 5321 allows."""
+    return len(raw) > _MAX_DATA_LINE and max(map(len, raw.split(b"\r\n"))) > _MAX_DATA_LINE
 
 
 def _shown(text: str) -> str:
@@ -165,6 +176,8 @@ class _Handler:
         self, server: SMTP, session: Session, envelope: Envelope
     ) -> str:
         raw = envelope.original_content or b""
+        if _line_too_long(raw):
+            return _LINE_TOO_LONG
         flags = transport_defects(raw)
         if flags and self.sink.data_policy == "refuse":
             found = ", ".join(_TRANSPORT_DEFECTS[f] for f in flags)
@@ -212,12 +225,30 @@ class _Envelope(Envelope):
         self.data_faults = False
 
 
+class _ClientGone(asyncio.CancelledError):
+    """The client sent EOF before what the session reads next: the session ends there, the
+    way aiosmtpd ends one whose task it cancels (the connection is closed, nothing stored)."""
+
+
+class _Reader(asyncio.StreamReader):
+    """aiosmtpd's stream reader, except that a read the client's EOF leaves incomplete ends
+    the session (``_ClientGone``) instead of raising ``IncompleteReadError``, which aiosmtpd
+    would answer with ``451`` and read again, for ever."""
+
+    async def readuntil(self, separator: Any = b"\n") -> bytes:  # typeshed's type is private
+        try:
+            return await super().readuntil(separator)
+        except asyncio.IncompleteReadError:
+            raise _ClientGone from None
+
+
 class _Protocol(SMTP):
     """aiosmtpd's SMTP protocol with the sink's limits, tracked so ``stop()`` can close it.
 
     On top of aiosmtpd: replies never quote the client, an idle client gets ``421`` before
     the hang-up, an HTTP request or a client that talks before its reply (the sink offers
-    no PIPELINING: early talkers, blind senders) is answered and disconnected.
+    no PIPELINING: early talkers, blind senders) is answered and disconnected, and a client
+    that half-closes still gets the reply to everything it sent in full.
     """
 
     #: Per class: the names ``SMTP.__init__`` finds with ``inspect.getmembers`` and ``dir``.
@@ -230,6 +261,13 @@ class _Protocol(SMTP):
             self._setup(_Handler(sink), **kwargs)
         else:
             super().__init__(_Handler(sink), **kwargs)
+            # The sink's reader for aiosmtpd's, before any connection (see eof_received).
+            asyncio.StreamReaderProtocol.__init__(
+                self,
+                _Reader(loop=self.loop, limit=self.line_length_limit),
+                client_connected_cb=self._cb_client_connected,
+                loop=self.loop,
+            )
         self._sink = sink
 
     def _setup(
@@ -259,7 +297,7 @@ class _Protocol(SMTP):
         self.loop = loop
         asyncio.StreamReaderProtocol.__init__(
             self,
-            asyncio.StreamReader(loop=loop, limit=self.line_length_limit),
+            _Reader(loop=loop, limit=self.line_length_limit),
             client_connected_cb=self._cb_client_connected,
             loop=loop,
         )
@@ -320,6 +358,19 @@ class _Protocol(SMTP):
         if isinstance(transport, asyncio.Transport):
             self._sink._transports.add(transport)
         super().connection_made(transport)
+
+    def eof_received(self) -> bool | None:
+        """The client will send nothing more, but may still read: a half-close
+        (``shutdown(SHUT_WR)``), or the FIN of a ``close()``.
+
+        aiosmtpd cancels the session here, whatever it is doing. A message read up to its
+        final dot is then being stored: it was stored all the same, but its ``250`` was never
+        sent, and a client that retried delivered it twice. Here only the reader learns of
+        the EOF: every command the client sent in full is carried out and answered (the
+        transport stays open for writing), and the session ends at the first read the EOF
+        leaves incomplete (``_Reader``), with nothing of an unfinished message stored.
+        """
+        return asyncio.StreamReaderProtocol.eof_received(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if isinstance(self.transport, asyncio.Transport):
