@@ -281,7 +281,10 @@ def test_ack_after_the_lease_expired_is_lease_expired(store: Store, clock: Clock
     assert rows(db, "SELECT COUNT(*) FROM claims WHERE state = 'consumed'") == [(0,)]
 
 
-@pytest.mark.parametrize("noticed_by", ["reclaim", "ack", "renew", "release_claim", "reconcile"])
+@pytest.mark.parametrize(
+    "noticed_by",
+    ["reclaim", "ack", "renew", "release_claim", "reconcile", "release", "mailbox_expiry"],
+)
 def test_a_lapsed_lease_is_in_the_timeline_whoever_notices_it(
     store: Store, clock: Clock, db: Path, noticed_by: str
 ) -> None:
@@ -299,6 +302,10 @@ def test_a_lapsed_lease_is_in_the_timeline_whoever_notices_it(
         "renew": lambda: store.renew(message_id, first.fence or 0, 30),
         "release_claim": lambda: store.release_claim(message_id, first.fence or 0),
         "reconcile": store.reconcile,
+        "release": lambda: store.release(
+            mailbox.mailbox_id, mailbox.fence, CloseReason.RELEASED_SUCCESS
+        ),
+        "mailbox_expiry": lambda: (clock.advance(600), store.reconcile()),
     }[noticed_by]()
     store.reconcile()  # and a later pass does not write it twice
 
@@ -308,6 +315,7 @@ def test_a_lapsed_lease_is_in_the_timeline_whoever_notices_it(
         (mailbox.mailbox_id,),
     )
     assert lapsed == [(f"{message_id} fence {first.fence}",)]
+    assert rows(db, "SELECT state FROM claims WHERE fence = ?", (first.fence,)) == [("expired",)]
 
 
 def test_a_mailbox_that_consumed_a_message_stays_consumed_through_a_second_claim(

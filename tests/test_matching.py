@@ -698,6 +698,43 @@ def test_near_miss_reasons_mask_the_digits_a_selector_looked_for(
         assert f"'Your code': {reason}" in str(info.value)
 
 
+def test_errors_mask_an_extracted_code_a_selector_looks_for(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # The code is letters (no digit run to mask): only its recorded digest can hide it.
+    to = isolated_mailbox.address
+    send(mailbox_server, mail(to, "Your code", text="Your code is QXKZTRWB\n"))
+    code = isolated_mailbox.wait_for(timeout=5).code(pattern=r"code is (\w+)")
+    assert code == "QXKZTRWB"
+    send(mailbox_server, mail(to, "Reminder", text="Still waiting\n"))
+    send(mailbox_server, mail(to, "Reminder", text="Still waiting\n"))
+
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(body_contains=code, timeout=0.1)
+    with pytest.raises(AmbiguousMatch) as ambiguous:
+        isolated_mailbox.wait_for(subject_regex=f"Reminder|{code}", timeout=0.1)
+    with pytest.raises(UnexpectedMessage) as unexpected:
+        isolated_mailbox.expect_none(within=0, subject_regex=f"Remind|{code}")
+
+    for caught in (timed_out, ambiguous, unexpected):
+        assert "QXKZTRWB" not in str(caught.value)
+        assert "••••••WB" in str(caught.value)
+    assert "body does not contain '••••••WB'" in str(timed_out.value)
+
+
+def test_near_miss_sender_reasons_mask_digit_runs(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address, sender="noreply+4815162342@app.test"))
+
+    with pytest.raises(WaitTimeout) as info:
+        isolated_mailbox.wait_for(sender="user-9876543210@app.test", timeout=0.1)
+
+    assert "4815162342" not in str(info.value)
+    assert "9876543210" not in str(info.value)
+    assert "sender noreply+••••••••42@app.test is not user-••••••••10@app.test" in str(info.value)
+
+
 # -- a claim is acted on by its own mailbox only ---------------------------------------------
 
 

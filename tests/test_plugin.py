@@ -438,7 +438,7 @@ def test_native_toml_numbers_are_taken_as_written(pytester: pytest.Pytester) -> 
         [tool.pytest]
         mailbox_ttl = 120
         mailbox_lease = 7.5
-        mailbox_max_reads = 5
+        mailbox_max_reads = 5.0
         mailbox_link_domains = "app.example.test, cdn.example.test"
         """
     )
@@ -510,16 +510,27 @@ def test_an_ini_receipts_path_is_taken_from_the_ini_files_directory(
     assert not (pytester.path / "sub" / "out").exists()
 
 
-def test_collect_only_leaves_the_receipts_file_alone(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [["--collect-only"], ["--collect-only", "-n", "2"], ["--fixtures"], ["--markers"]],
+    ids=["collect-only", "collect-only-xdist", "fixtures", "markers"],
+)
+def test_a_command_that_runs_no_test_leaves_the_receipts_file_alone(
+    pytester: pytest.Pytester, command: list[str]
+) -> None:
     pytester.makepyfile("def test_it(isolated_mailbox): pass")
     pytester.runpytest("--mailbox-receipts=receipts.jsonl").assert_outcomes(passed=1)
     before = (pytester.path / "receipts.jsonl").read_text()
     assert before
 
-    result = pytester.runpytest("--collect-only", "--mailbox-receipts=receipts.jsonl")
+    result = pytester.runpytest(*command, "--mailbox-receipts=receipts.jsonl")
 
     assert result.ret == pytest.ExitCode.OK
     assert (pytester.path / "receipts.jsonl").read_text() == before
+    # The next run that runs tests starts the file afresh: its own receipt only.
+    pytester.runpytest("-n", "2", "--mailbox-receipts=receipts.jsonl").assert_outcomes(passed=1)
+    (line,) = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    assert line not in before
 
 
 def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:

@@ -555,17 +555,43 @@ def test_mailbox_close_success_does_not_ack_an_expired_lease(
     assert store.ack(message_id, msg.fence).status is Status.RELEASED
 
 
-def test_mailbox_close_after_expiry_keeps_expired_timeout(store: Store, clock: Clock) -> None:
+@pytest.mark.parametrize("success", [True, False])
+def test_mailbox_close_after_expiry_keeps_expired_timeout(
+    store: Store, clock: Clock, success: bool
+) -> None:
+    # A failing test's teardown too: the mailbox expired while the test ran.
     mailbox = reserve_mailbox(store)
     deliver(store, mailbox)
     mailbox.wait_for(subject_contains="Verify")
     clock.advance(CONTRACT.ttl)
 
-    receipt = mailbox.close(success=True)
+    receipt = mailbox.close(success=success)
 
     assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")
     [seen] = receipt.messages
     assert (seen.state, seen.consumed_at) == ("waiting", None)
+
+
+def test_a_failing_tests_close_keeps_its_receipt_when_the_mailbox_expires_meanwhile(
+    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # close(success=False) checks that the mailbox is open, gives its claims back, then
+    # releases it. The ttl runs out in between (a slow machine, a lock wait under xdist).
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    mailbox.wait_for(subject_contains="Verify")
+    clock.advance(CONTRACT.ttl - 0.01)
+    read_messages = store.messages
+
+    def slow_messages(mailbox_id: str) -> list[MessageRow]:
+        clock.advance(0.02)
+        return read_messages(mailbox_id)
+
+    monkeypatch.setattr(store, "messages", slow_messages)
+
+    receipt = mailbox.close(success=False)
+
+    assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")
 
 
 def test_a_receipt_of_an_overdue_mailbox_reports_it_expired(store: Store, clock: Clock) -> None:

@@ -43,7 +43,7 @@ from pytest_mailbox.errors import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.message import Message, digest, mask_secrets
+from pytest_mailbox.message import Message, digest, mask_recorded, mask_secrets
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
 
 if TYPE_CHECKING:
@@ -361,7 +361,9 @@ class Mailbox:
                     f"{len(matches)} messages for {self.address} match {_describe(chosen)}: "
                     f"{listed}; make the selector stricter (subject=, header=, received_after=)"
                 )
-                raise AmbiguousMatch(msg, result={"message_ids": [m.message_id for m in matches]})
+                raise AmbiguousMatch(
+                    self._unleaked(msg), result={"message_ids": [m.message_id for m in matches]}
+                )
             if matches:
                 waiting = None if self._waited else _describe(chosen)
                 self._waited = True  # the claim records it, whatever its outcome
@@ -392,7 +394,9 @@ class Mailbox:
                     f"expected no message for {self.address} matching {_describe(chosen)} "
                     f"within {within:g}s, but {first.message_id} ({self._subject(first)!r}) arrived"
                 )
-                raise UnexpectedMessage(msg, result={"message_id": first.message_id})
+                raise UnexpectedMessage(
+                    self._unleaked(msg), result={"message_id": first.message_id}
+                )
             if pause.remaining() <= 0:
                 return
             yield pause
@@ -474,9 +478,17 @@ class Mailbox:
             self._parsed[row.body_id] = parsed
         return parsed
 
+    def _digests(self) -> set[str]:
+        return {s["sha256"] for s in self.store.secrets(self.mailbox_id)}
+
     def _subject(self, row: MessageRow) -> str:
         """A subject fit for an error message: digit runs and extracted secrets masked."""
-        return mask_secrets(row.subject, {s["sha256"] for s in self.store.secrets(self.mailbox_id)})
+        return mask_secrets(row.subject, self._digests())
+
+    def _unleaked(self, text: str) -> str:
+        """An error text with every secret this run extracted masked, wherever it shows:
+        a test may look for the code it was given (``body_contains=code``)."""
+        return mask_recorded(text, self._digests())
 
     def _scan(
         self, selector: Selector, *, include_taken: bool = False, check_open: bool = True
@@ -535,7 +547,8 @@ class Mailbox:
             wanted = selector.sender.lower()
             parsed = self._parsed_message(row)
             if wanted not in (parsed.sender.lower(), row.mail_from.lower()):
-                return f"sender {parsed.sender or row.mail_from} is not {selector.sender}"
+                sent = mask_secrets(parsed.sender or row.mail_from)
+                return f"sender {sent} is not {mask_secrets(selector.sender)}"
         if selector.header is not None:
             name, value = selector.header
             found = self._parsed_message(row).header(name)
@@ -577,7 +590,7 @@ class Mailbox:
             lines.extend(
                 f"  - {row.message_id} {self._subject(row)!r}: {reason}" for row, reason in near
             )
-        return "\n".join(lines)
+        return self._unleaked("\n".join(lines))
 
     # -- claims ------------------------------------------------------------------------
 
@@ -695,7 +708,9 @@ class Mailbox:
                     self.store.release_claim(
                         message.message_id, message.fence, mailbox=self._handle
                     )
-            self.release(CloseReason.RELEASED_ERROR)
+            # Not self.release(): the mailbox may have expired since the check above, and
+            # teardown must still leave the receipt (the store's refusal changes nothing).
+            self.store.release(self.mailbox_id, self.fence, CloseReason.RELEASED_ERROR)
         return self.receipt()
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:

@@ -129,20 +129,26 @@ def _word_or_redacted(value: str) -> str:
 
 def mask_secrets(text: str, digests: set[str] | None = None) -> str:
     """Mask runs of 4+ digits, and any word whose sha256 is a recorded secret: ``••••56``."""
+    return mask_recorded(_DIGITS.sub(lambda m: _keep_length(m.group()), text), digests)
 
-    def mask(word: str) -> str:
-        return "\u2022" * max(len(word) - 2, 2) + word[-2:]
+
+def mask_recorded(text: str, digests: set[str] | None) -> str:
+    """Mask only the words whose sha256 is a recorded secret (``digests``), any length:
+    for a whole error text, whose ids and fences keep their digits."""
 
     def hide(match: re.Match[str]) -> str:
         word = match.group()
         core = word.strip(".-~%")  # "QXKZTR." at the end of a sentence is the code QXKZTR
         for candidate in dict.fromkeys((word, core)):
             if candidate and digest(candidate)[0] in (digests or ()):
-                return word.replace(candidate, mask(candidate))
+                return word.replace(candidate, _keep_length(candidate))
         return word
 
-    text = _DIGITS.sub(lambda m: mask(m.group()), text)
     return _SECRET_WORD.sub(hide, text) if digests else text
+
+
+def _keep_length(word: str) -> str:
+    return "\u2022" * max(len(word) - 2, 2) + word[-2:]
 
 
 def _mask(value: str) -> str:

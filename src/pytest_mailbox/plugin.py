@@ -90,8 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
-    # --collect-only runs no test: the receipts file of the last run stays as it is.
-    if settings.receipts is not None and not _is_worker(config) and not config.option.collectonly:
+    if settings.receipts is not None and not _is_worker(config):
         try:
             writer = _ReceiptWriter(settings.receipts)
         except OSError as exc:  # a parent that is a file, a read-only place, …
@@ -408,7 +407,15 @@ class _ReceiptWriter:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.stream = path.open("w", encoding="utf-8")
+        # Opened (so a path that cannot be written fails at start-up) but not emptied: a
+        # command that runs no test (--collect-only, --fixtures, --markers) keeps the file.
+        self.stream = path.open("a", encoding="utf-8")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        if not session.config.option.collectonly:
+            self.stream.truncate(0)  # tests run: the file holds this run's receipts only
+        return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when not in ("teardown", "???"):  # "???": xdist's report of a crash

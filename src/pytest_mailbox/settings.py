@@ -34,7 +34,13 @@ __all__ = ["OPTIONS", "Option", "Settings", "options_table"]
 
 def _int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:  # "120.0": a whole number, as a TOML float or JSON gives it
+            number = float(text)
+            if not number.is_integer():
+                raise
+            value = int(number)
         if not low <= value <= high:
             raise ValueError(text)
         return value

@@ -1166,12 +1166,17 @@ class Store:
         tx.event(mailbox_id, now, Status.CONSUMED, f"{message_id} fence {fence}")
 
     def _end_claims(self, tx: _Tx, mailbox_id: str, state: str, now: float) -> None:
-        """End every live claim on the mailbox's messages (release or expiry)."""
+        """End every claim on the mailbox's messages (release or expiry); one whose lease
+        ran out before is ended as lapsed, with its ``lease_expired`` step."""
         for claim in tx.all(
-            "SELECT message_id, fence FROM messages WHERE mailbox_id = ? AND state = 'claimed'",
+            "SELECT message_id, fence, lease_until FROM messages "
+            "WHERE mailbox_id = ? AND state = 'claimed'",
             (mailbox_id,),
         ):
-            self._end_claim(tx, claim["message_id"], claim["fence"], state, now)
+            if claim["lease_until"] is not None and claim["lease_until"] <= now:
+                self._lapse(tx, claim["message_id"], claim["fence"], mailbox_id, now)
+            else:
+                self._end_claim(tx, claim["message_id"], claim["fence"], state, now)
 
     @classmethod
     def _lapse(
