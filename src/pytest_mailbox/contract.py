@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import re
 import sys
 from collections.abc import Mapping
@@ -215,30 +216,9 @@ class Selector(BaseModel):
     @field_validator("subject_regex", "body_regex")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except Exception as exc:  # re.error, OverflowError, RecursionError
-                msg = f"not a valid regular expression ({exc})"
-                raise ValueError(msg) from None
-            parsed = _sre_parse.parse(value)
-            if _nested_repeat(parsed):
-                msg = (
-                    "the pattern repeats a group that itself repeats a variable number of "
-                    "times, as in (a+)+ or (\\w+\\s?)*, which can backtrack for hours on a "
-                    "long message; rewrite it without the nesting, or use subject_contains "
-                    "/ body_contains"
-                )
-                raise ValueError(msg)
-            if _Overlap(parsed).ambiguous_repeat(parsed):
-                msg = (
-                    "the pattern repeats a group whose end may also begin its next round, as "
-                    "in (a|aa)+ or (ab?)+, so a text splits between the rounds in "
-                    "exponentially many ways and a failing search can run for hours; make "
-                    "each round end in a part the next cannot begin with (as in (\\w+\\.)+), "
-                    "or use subject_contains / body_contains"
-                )
-                raise ValueError(msg)
+        problem = None if value is None else _regex_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("subject", "subject_contains")
@@ -267,6 +247,39 @@ class Selector(BaseModel):
 
 
 _REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT)
+
+
+@functools.lru_cache(maxsize=256)
+def _regex_problem(value: str) -> str | None:
+    """Why a selector pattern is refused, or None; once per pattern (a test may wait with
+    the same one many times)."""
+    try:
+        re.compile(value)
+    except Exception as exc:  # re.error, OverflowError, RecursionError
+        return f"not a valid regular expression ({exc})"
+    parsed = _sre_parse.parse(value)
+    try:
+        return _backtracking(parsed)
+    except RecursionError:
+        return "the pattern nests groups too deep to be checked; flatten it"
+
+
+def _backtracking(parsed: Any) -> str | None:
+    if _nested_repeat(parsed):
+        return (
+            "the pattern repeats a group that itself repeats a variable number of "
+            "times, as in (a+)+ or (\\w+\\s?)*, which can backtrack for hours on a "
+            "long message; rewrite it without the nesting, or use subject_contains "
+            "/ body_contains"
+        )
+    if _Rounds(parsed).ambiguous(parsed):
+        return (
+            "the pattern repeats a group that can read a text in more than one way, round "
+            "after round, as in (a|aa)+, (aa?)+ or (\\s*\\n)+, so a failing search tries "
+            "exponentially many ways and can run for hours; make each part end where what "
+            "follows cannot begin (as in (\\w+\\.)+), or use subject_contains / body_contains"
+        )
+    return None
 
 
 def _nested_repeat(pattern: Any) -> bool:
@@ -311,111 +324,236 @@ def _dominated(body: Any, *, unbounded: bool) -> bool:
 #: Python 3.11+: ``a++`` and ``(?>...)`` never backtrack into what they matched.
 _POSSESSIVE = getattr(_sre_constants, "POSSESSIVE_REPEAT", object())
 _ATOMIC = getattr(_sre_constants, "ATOMIC_GROUP", object())
-#: Repeats bounded this low cannot blow up: at most 2**N ways to split a text.
+_ATOMS = (
+    _sre_constants.LITERAL,
+    _sre_constants.NOT_LITERAL,
+    _sre_constants.ANY,
+    _sre_constants.IN,
+)
+_ZERO_WIDTH = (_sre_constants.AT, _sre_constants.ASSERT, _sre_constants.ASSERT_NOT)
+#: Repeats bounded this low, all enclosing bounds multiplied, cannot blow up: at most
+#: 2**N ways to split a text.
 _FEW_ROUNDS = 8
-#: Characters a first set is tried on, besides ASCII and the pattern's own literals: one
-#: of each kind a category or a negated class may reach outside ASCII.
+#: Characters sets are tried on, besides ASCII and the pattern's own characters and range
+#: ends: one of each kind a category or a negated class may reach outside ASCII.
 _SAMPLES = "\u00a0\u00e9\u00df\u0663\u2028\u4e2d\uff11"
+#: A fixed repeat is spelled out this far when alternatives are compared.
+_SPELLED_OUT = 64
 
 
-class _Overlap:
-    """Can a repeated group's round end in a part that may also begin the next round?
+class _Rounds:
+    """Can a repeated group read a text in more than one way, round after round?
 
-    Then the rounds split a text in exponentially many ways (``(a|aa)+``, ``(aa?)+``,
-    ``(\\d|\\d\\d)+``), which ``_nested_repeat`` does not see: no repeat nests in another.
-    Character sets are compared on a sample of characters (ASCII, the pattern's literals
-    and a few others), which errs towards refusing.
+    Then a failing search tries every reading, exponentially many: ``(a|aa)+``,
+    ``(aa?)+``, ``(a?a)+``, ``(\\s*\\n)+``, none of which nests a repeat in another (what
+    ``_nested_repeat`` looks for). Within a round, and from one round to the next, each
+    part is held against what follows it: if what may continue a part past a point where
+    it could stop may also begin what follows (``a?`` then ``a``; a round's end and the
+    next round's start), or if two alternatives may take the same text or one may be the
+    start of the other with its rest beginning what follows (``(b|ba|a)``), the text
+    splits more than one way. Character sets are compared on a sample (ASCII, the
+    pattern's own characters, range ends, a few others): an overlap only outside it is
+    missed.
     """
 
     def __init__(self, pattern: Any) -> None:
-        self.flags = pattern.state.flags
         self.state = pattern.state
-        literals = {chr(av) for op, av in _walk(pattern) if op is _sre_constants.LITERAL}
-        self.universe = "".join(sorted({chr(c) for c in range(128)} | literals | set(_SAMPLES)))
+        chars = {chr(c) for c in range(128)} | set(_SAMPLES)
+        for code in _codes(pattern):
+            char = chr(code)
+            chars |= {char, char.lower(), char.upper()}
+        self.universe = "".join(sorted(c for c in chars if len(c) == 1))
         self.any = frozenset(self.universe)
+        self._sets: dict[tuple[str, int], frozenset[str]] = {}
 
-    def ambiguous_repeat(self, pattern: Any) -> bool:
-        for op, av in _walk(pattern):
+    def ambiguous(self, pattern: Any) -> bool:
+        return self._scan(pattern, self.state.flags, 1)
+
+    def _scan(self, items: Any, flags: int, rounds: int | None) -> bool:
+        """``rounds``: how often the enclosing repeats may run ``items`` (None: unbounded)."""
+        for op, av in items:
             if op in _REPEATS:
                 high, body = av[1], av[2]
-                if (high == _sre_constants.MAXREPEAT or high > _FEW_ROUNDS) and (
-                    self.first(body) & self.tail(body)
-                ):
+                unbounded = rounds is None or high == _sre_constants.MAXREPEAT
+                many = None if unbounded else rounds * high
+                if high > 1 and (many is None or many > _FEW_ROUNDS) and self._splits(body, flags):
                     return True
+                if self._scan(body, flags, many):
+                    return True
+            elif op is _POSSESSIVE or op is _ATOMIC:
+                # Its rounds never give back; what it holds backtracks while it is tried.
+                if self._scan(av[2] if op is _POSSESSIVE else av, flags, 1):
+                    return True
+            elif op is _sre_constants.SUBPATTERN:
+                if self._scan(av[3], _scoped(flags, av), rounds):
+                    return True
+            elif any(self._scan(child, flags, rounds) for child in _children(op, av)):
+                return True
         return False
 
-    def first(self, items: Any) -> frozenset[str]:
-        """The characters a match of the sequence ``items`` may begin with."""
+    def _splits(self, body: Any, flags: int) -> bool:
+        """A round of ``body`` may be read two ways, with the next round after it."""
+        return self._empty_twice(body) or self._junctions(body, self._first(body, flags), flags)
+
+    def _empty_twice(self, items: Any) -> bool:
+        """A repeat or option that may match nothing by taking something that matches
+        nothing (``(?:\\d?)?``, ``(?=a)*``): two ways to take no text, in every round."""
+        for op, av in items:
+            if op in _REPEATS and av[1] and not self._width(list(av[2]))[0]:
+                return True
+            inner = [av[2]] if op in _REPEATS else []
+            if op is _sre_constants.SUBPATTERN or op is _sre_constants.BRANCH:
+                inner = _children(op, av)
+            if any(self._empty_twice(child) for child in inner):
+                return True
+        return False
+
+    def _junctions(self, items: Any, after: frozenset[str], flags: int) -> bool:
+        """Some part of ``items``, followed by what begins with ``after``, may stop early
+        where its continuation could begin what follows it."""
+        items = list(items)
+        for i, item in enumerate(items):
+            rest = items[i + 1 :]
+            follows = self._first(rest, flags) | (after if not self._width(rest)[0] else set())
+            if self._tail_of(item, flags) & follows:
+                return True
+            op, av = item
+            if op is _sre_constants.SUBPATTERN:
+                inner = [(av[3], _scoped(flags, av), follows)]
+            elif op is _sre_constants.BRANCH:
+                inner = [(branch, flags, follows) for branch in av[1]]
+            elif op in _REPEATS:
+                again = self._first(av[2], flags) if av[1] > 1 else frozenset()
+                inner = [(av[2], flags, follows | again)]
+            else:  # an atom; an atomic group or a possessive repeat never gives back
+                inner = []
+            if any(self._junctions(child, then, scoped) for child, scoped, then in inner):
+                return True
+        return False
+
+    def _first(self, items: Any, flags: int) -> frozenset[str]:
+        """What a match of ``items`` may begin with."""
         found: set[str] = set()
         for item in items:
-            found |= self._first_of(item)
-            if self._width(item)[0]:
+            found |= self._first_of(item, flags)
+            if self._width([item])[0]:
                 break
         return frozenset(found)
 
-    def tail(self, items: Any) -> frozenset[str]:
-        """The characters that may continue a match of ``items`` past a point where a
-        shorter match of it ends already."""
+    def _tail(self, items: Any, flags: int) -> frozenset[str]:
+        """What may continue a match of ``items`` past a point where a shorter one ends."""
         found: set[str] = set()
         for item in reversed(list(items)):
-            found |= self._tail_of(item)
-            if self._width(item)[0]:
+            found |= self._tail_of(item, flags)
+            if self._width([item])[0]:
                 break
-            found |= self._first_of(item)  # the item may be skipped, or taken
+            found |= self._first_of(item, flags)  # it may be left out, or taken
         return frozenset(found)
 
-    def _first_of(self, item: Any) -> frozenset[str]:
+    def _first_of(self, item: Any, flags: int) -> frozenset[str]:
         op, av = item
-        if op in (_sre_constants.LITERAL, _sre_constants.NOT_LITERAL, _sre_constants.ANY):
-            return self._chars(item)
-        if op is _sre_constants.IN:
-            return self._chars(item)
+        if op in _ATOMS:
+            return self._chars(item, flags)
         if op in _REPEATS or op is _POSSESSIVE:
-            return self.first(av[2]) if av[1] else frozenset()
+            return self._first(av[2], flags) if av[1] else frozenset()
         if op is _ATOMIC:
-            return self.first(av)
-        if op is _sre_constants.GROUPREF:
-            return self.any
-        if op in (_sre_constants.AT, _sre_constants.ASSERT, _sre_constants.ASSERT_NOT):
+            return self._first(av, flags)
+        if op is _sre_constants.SUBPATTERN:
+            return self._first(av[3], _scoped(flags, av))
+        if op in _ZERO_WIDTH:
             return frozenset()
-        return frozenset().union(*(self.first(child) for child in _children(op, av)))
+        if op is _sre_constants.BRANCH or op is _sre_constants.GROUPREF_EXISTS:
+            return frozenset().union(*(self._first(c, flags) for c in _children(op, av)))
+        return self.any  # a backreference, or what this check does not know
 
-    def _tail_of(self, item: Any) -> frozenset[str]:
+    def _tail_of(self, item: Any, flags: int) -> frozenset[str]:
         op, av = item
-        if op in (_POSSESSIVE, _ATOMIC):
-            return frozenset()  # never gives back what it took: the next round starts after
+        if op in _ATOMS or op in _ZERO_WIDTH or op is _POSSESSIVE or op is _ATOMIC:
+            return frozenset()  # a possessive repeat or an atomic group never gives back
         if op in _REPEATS:
             low, high, body = av
-            extra = self.first(body) if low != high and high else frozenset()
-            return extra | self.tail(body)
+            more = self._first(body, flags) if low != high and high else frozenset()
+            return more | self._tail(body, flags)
+        if op is _sre_constants.SUBPATTERN:
+            return self._tail(av[3], _scoped(flags, av))
         if op is _sre_constants.BRANCH:
-            starts = [self.first(branch) for branch in av[1]]
-            empty = [branch for branch in av[1] if not self._width(branch)[0]]
-            if len(empty) > 1 or any(a & b for i, a in enumerate(starts) for b in starts[i + 1 :]):
-                return self.any  # (b|ba), (a|a): two alternatives may take the same text
-            return frozenset().union(*(self.tail(branch) for branch in av[1]))
-        if op is _sre_constants.GROUPREF:
-            return self.any
-        return frozenset().union(*(self.tail(child) for child in _children(op, av)))
+            return self._branch_tail(av[1], flags)
+        return self.any  # a backreference, a conditional, or what this check does not know
 
-    def _width(self, item: Any) -> tuple[int, int]:
-        if not isinstance(item, _sre_parse.SubPattern):
-            item = _sre_parse.SubPattern(self.state, [item])
-        width: tuple[int, int] = item.getwidth()
+    def _branch_tail(self, branches: list[Any], flags: int) -> frozenset[str]:
+        """The alternatives' own tails, and what continues one alternative past another
+        that may be its start; everything if two may be equal, or cannot be told apart."""
+        found = set().union(*(self._tail(branch, flags) for branch in branches))
+        lines = [self._line(branch, flags) for branch in branches]
+        for i, (one, whole_one) in enumerate(lines):
+            for other, whole_other in lines[i + 1 :]:
+                common = min(len(one), len(other))
+                if any(not one[k] & other[k] for k in range(common)):
+                    continue  # they differ somewhere: neither starts the other
+                shorter, longer = (one, other) if len(one) < len(other) else (other, one)
+                whole_shorter = whole_one if shorter is one else whole_other
+                if len(one) == len(other) or not whole_shorter:
+                    return self.any
+                found |= longer[common]
+        return frozenset(found)
+
+    def _line(self, items: Any, flags: int) -> tuple[list[frozenset[str]], bool]:
+        """The character sets of ``items``, position by position, as far as they are fixed;
+        and whether that is all of it."""
+        line: list[frozenset[str]] = []
+        for op, av in items:
+            if op in _ATOMS:
+                line.append(self._chars((op, av), flags))
+            elif op in _ZERO_WIDTH:
+                continue
+            elif op is _POSSESSIVE or op is _ATOMIC:  # one way only: its first characters
+                if self._width([(op, av)])[0]:
+                    line.append(self._first_of((op, av), flags))
+                return line, False
+            elif op is _sre_constants.SUBPATTERN or op in _REPEATS:
+                body, scoped = (av[2], flags) if op in _REPEATS else (av[3], _scoped(flags, av))
+                part, whole = self._line(body, scoped)
+                times = 1 if op is _sre_constants.SUBPATTERN else av[0]
+                if len(part) * times > _SPELLED_OUT:
+                    return line, False
+                line.extend(part * times)
+                if not whole or (op in _REPEATS and av[0] != av[1]):
+                    return line, False
+            else:
+                return line, False
+        return line, True
+
+    def _width(self, items: list[Any]) -> tuple[int, int]:
+        width: tuple[int, int] = _sre_parse.SubPattern(self.state, items).getwidth()
         return width
 
-    def _chars(self, item: Any) -> frozenset[str]:
-        compiled = _sre_compile(_sre_parse.SubPattern(self.state, [item]), self.flags)
-        return frozenset(c for c in self.universe if compiled.match(c))
+    def _chars(self, item: Any, flags: int) -> frozenset[str]:
+        key = (repr(item), flags)
+        if key not in self._sets:
+            compiled = _sre_compile(_sre_parse.SubPattern(self.state, [item]), flags)
+            self._sets[key] = frozenset(c for c in self.universe if compiled.match(c))
+        return self._sets[key]
 
 
-def _walk(pattern: Any) -> Any:
-    """Every item of a parsed pattern, at every depth."""
+def _scoped(flags: int, av: Any) -> int:
+    """The flags inside a group: ``(?i:...)`` adds, ``(?-i:...)`` removes."""
+    return int((flags | av[1]) & ~av[2])
+
+
+def _codes(pattern: Any) -> Any:
+    """Every code point a parsed pattern names: literals and range ends (and middles)."""
     for op, av in pattern:
-        yield op, av
-        children = [av[2]] if op in _REPEATS else _children(op, av)
-        for child in children:
-            yield from _walk(child)
+        if op in (_sre_constants.LITERAL, _sre_constants.NOT_LITERAL):
+            yield av
+        elif op is _sre_constants.IN:
+            yield from _codes(av)
+        elif op in (_sre_constants.RANGE, getattr(_sre_constants, "RANGE_UNI_IGNORE", None)):
+            yield from (av[0], av[1], (av[0] + av[1]) // 2)
+        elif op in _REPEATS or op is _POSSESSIVE:
+            yield from _codes(av[2])
+        else:
+            for child in _children(op, av):
+                yield from _codes(child)
 
 
 def _children(op: Any, av: Any) -> list[Any]:
@@ -428,6 +566,10 @@ def _children(op: Any, av: Any) -> list[Any]:
         return [av[1]]
     if op is _sre_constants.GROUPREF_EXISTS:
         return [branch for branch in av[1:] if branch is not None]
+    if op is _ATOMIC:
+        return [av]
+    if op is _POSSESSIVE:
+        return [av[2]]
     return []
 
 
