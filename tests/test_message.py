@@ -795,6 +795,24 @@ def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
     assert mask_secrets("Codes: -QXKZTR- ab.cd", digests) == "Codes: -••••TR- •••cd"
 
 
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("Your code is 415926", "Your code is ••••26"),
+        ("code:415926.", "code:••••26."),
+        ("Order #20261203 shipped", "Order #••••••03 shipped"),
+        ("PIN 1234, valid 10 min", "PIN ••34, valid 10 min"),
+        ("r-44b17272f90f98a", "r-44b17272f90f98a"),  # an id: its digits stay
+        ("m-4417272f90f9", "m-4417272f90f9"),
+        ("run r-7a250cc8c22b78a8 ok", "run r-7a250cc8c22b78a8 ok"),
+    ],
+)
+def test_digit_runs_standing_alone_are_masked_but_not_those_inside_ids(
+    text: str, masked: str
+) -> None:
+    assert mask_secrets(text) == masked
+
+
 def test_a_header_too_long_to_decode_is_shown_as_sent_by_index_and_message() -> None:
     words = " ".join(["=?utf-8?q?caf=C3=A9?="] * (MAX_PARSED_HEADER // 20))
     raw = f"Subject: {words}\r\nX-Run-Id: r-1\r\n\r\nbody\r\n".encode()

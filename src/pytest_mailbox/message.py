@@ -44,8 +44,10 @@ _REPR_SUBJECT = 60
 # Lower-case route words only ("verify", "reset-password"): a token made of letters alone,
 # mixed case or long, must never pass for a word.
 _WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
-#: What ``mask_secrets`` hides whatever it is: a run of four or more digits.
-_DIGITS = re.compile(r"\d{4,}")
+#: What ``mask_secrets`` hides whatever it is: a run of four or more digits standing on
+#: its own, as a code does ("code 415926", "#415926"); not one inside a word, such as an
+#: id ("r-44b17272f90f98a"), which would only come out garbled.
+_DIGITS = re.compile(r"(?<![^\W_])\d{4,}(?![^\W_])")
 #: What it hides when its digest is a recorded secret: a code or token, any length.
 _SECRET_WORD = re.compile(r"[\w\-.~%]+")
 _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
