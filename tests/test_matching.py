@@ -578,6 +578,8 @@ AMBIGUOUS_ROUNDS = [
     r"(?:(?>\w)|x)+$",
     r"(?:(?:(?=a))+a)+!",  # a lookahead repeated: nothing taken, two ways
     r"(a)(?:\1|b)+$",  # a backreference may take anything
+    r"Dear ((?:[\w-]{1,30} ?){1,8}),",  # few rounds, but each may end in 30 places
+    r"(?:\r\n|\n|\r)+Z",  # "\r\n" is one round or two
 ]
 #: Repeated groups that read a text one way only, or whose repeat cannot give back.
 ONE_WAY_ROUNDS = [
@@ -594,6 +596,10 @@ ONE_WAY_ROUNDS = [
     r"(?>a|ab)+$",  # atomic
     r"(?:(?=a)a|b)+$",
     r"(\d\d?){3}",  # few rounds: bounded
+    r"Hello,(?:\r?\n|<br>)+Your code",  # alternatives that begin apart
+    r"(?:=(?:\r?\n|[0-9A-F]{2})|[^=\s])+",  # quoted-printable: soft break, =XX, a character
+    r"(?:-?\d|x)+",
+    r"(?m)(?:^> .*$\n?)+",  # quoted reply lines: past "$" only the line break comes
 ]
 
 
@@ -733,6 +739,32 @@ def test_errors_mask_an_extracted_code_a_selector_looks_for(
         assert "QXKZTRWB" not in str(caught.value)
         assert "••••••WB" in str(caught.value)
     assert "body does not contain '••••••WB'" in str(timed_out.value)
+
+
+def test_errors_and_the_timeline_mask_an_extracted_secret_inside_a_pattern_or_a_link(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
+) -> None:
+    link = "https://app.example.test/verify?t=Zk3Pq9Wm2Lx"
+    send(mailbox_server, mail(isolated_mailbox.address, "Invite", text=f"{link} QXKZTR\n"))
+    message = isolated_mailbox.wait_for(timeout=5)
+    code, found = message.code(pattern=r"(QX\w+)"), message.link()
+    assert (code, found) == ("QXKZTR", link)
+
+    caught = []
+    for box, selector in [
+        (isolated_mailbox, {"body_regex": rf"\b{code}\b"}),  # glued to the pattern's \b
+        (isolated_mailbox, {"body_contains": link}),  # a link is no single word
+        (second_mailbox, {"body_contains": code}),  # another mailbox waits for it
+    ]:
+        with pytest.raises(WaitTimeout) as timed_out:
+            box.wait_for(timeout=0.01, **selector)
+        caught.append(str(timed_out.value))
+    receipt = dump_receipt(second_mailbox.receipt())
+
+    for text in [*caught, receipt]:
+        assert "QXKZTR" not in text
+        assert "Zk3Pq9Wm2Lx" not in text
+    assert "body_contains='••••TR'" in receipt  # the waiting step, as the store keeps it
 
 
 def test_near_miss_sender_reasons_mask_digit_runs(

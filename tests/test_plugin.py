@@ -533,6 +533,20 @@ def test_a_command_that_runs_no_test_leaves_the_receipts_file_alone(
     assert line not in before
 
 
+def test_a_session_that_fails_in_collection_leaves_no_receipts_of_the_last_run(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_ok="def test_it(isolated_mailbox): pass")
+    pytester.runpytest("--mailbox-receipts=receipts.jsonl").assert_outcomes(passed=1)
+    assert (pytester.path / "receipts.jsonl").read_text()
+    pytester.makepyfile(test_broken="import no_such_module_here")
+
+    result = pytester.runpytest("-x", "--mailbox-receipts=receipts.jsonl")
+
+    result.stdout.fnmatch_lines(["*ModuleNotFoundError*no_such_module_here*"])
+    assert (pytester.path / "receipts.jsonl").read_text() == ""  # nothing that looks current
+
+
 def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

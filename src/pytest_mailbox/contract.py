@@ -331,12 +331,15 @@ _ATOMS = (
     _sre_constants.IN,
 )
 _ZERO_WIDTH = (_sre_constants.AT, _sre_constants.ASSERT, _sre_constants.ASSERT_NOT)
+_ENDS = (_sre_constants.AT_END, _sre_constants.AT_END_LINE, _sre_constants.AT_END_STRING)
 #: Repeats bounded this low, all enclosing bounds multiplied, cannot blow up: at most
 #: 2**N ways to split a text.
 _FEW_ROUNDS = 8
 #: Characters sets are tried on, besides ASCII and the pattern's own characters and range
 #: ends: one of each kind a category or a negated class may reach outside ASCII.
 _SAMPLES = "\u00a0\u00e9\u00df\u0663\u2028\u4e2d\uff11"
+#: A repeat whose count may vary by this much ends its round in that many places.
+_WIDE = 2
 #: A fixed repeat is spelled out this far when alternatives are compared.
 _SPELLED_OUT = 64
 
@@ -375,6 +378,9 @@ class _Rounds:
             if op in _REPEATS:
                 high, body = av[1], av[2]
                 unbounded = rounds is None or high == _sre_constants.MAXREPEAT
+                # A round that may end in many places ([\w-]{1,30}) splits a text in far
+                # more than 2**rounds ways: such rounds are counted as unbounded.
+                unbounded = unbounded or (high > 1 and self._ranges(body))
                 many = None if unbounded else rounds * high
                 if high > 1 and (many is None or many > _FEW_ROUNDS) and self._splits(body, flags):
                     return True
@@ -388,6 +394,18 @@ class _Rounds:
                 if self._scan(av[3], _scoped(flags, av), rounds):
                     return True
             elif any(self._scan(child, flags, rounds) for child in _children(op, av)):
+                return True
+        return False
+
+    def _ranges(self, items: Any) -> bool:
+        """A repeat inside ``items`` takes anywhere from a few to many rounds ({1,30})."""
+        for op, av in items:
+            if op in _REPEATS and av[1] - av[0] >= _WIDE:
+                return True
+            inner = [av[2]] if op in _REPEATS else []
+            if op is _sre_constants.SUBPATTERN or op is _sre_constants.BRANCH:
+                inner = _children(op, av)
+            if any(self._ranges(child) for child in inner):
                 return True
         return False
 
@@ -415,6 +433,8 @@ class _Rounds:
         for i, item in enumerate(items):
             rest = items[i + 1 :]
             follows = self._first(rest, flags) | (after if not self._width(rest)[0] else set())
+            if rest and rest[0][0] is _sre_constants.AT and rest[0][1] in _ENDS:
+                follows &= {"\n"}  # past a "$", only its line break may come
             if self._tail_of(item, flags) & follows:
                 return True
             op, av = item
@@ -485,8 +505,19 @@ class _Rounds:
         that may be its start; everything if two may be equal, or cannot be told apart."""
         found = set().union(*(self._tail(branch, flags) for branch in branches))
         lines = [self._line(branch, flags) for branch in branches]
+        starts = [
+            self._first(branch, flags) if self._width(list(branch))[0] else None
+            for branch in branches
+        ]
         for i, (one, whole_one) in enumerate(lines):
-            for other, whole_other in lines[i + 1 :]:
+            for j, (other, whole_other) in enumerate(lines[i + 1 :], start=i + 1):
+                first_one, first_other = starts[i], starts[j]
+                if (
+                    first_one is not None
+                    and first_other is not None
+                    and not first_one & first_other
+                ):
+                    continue  # (?:\r?\n|<br>): they begin apart, and neither is empty
                 common = min(len(one), len(other))
                 if any(not one[k] & other[k] for k in range(common)):
                     continue  # they differ somewhere: neither starts the other

@@ -43,7 +43,7 @@ from pytest_mailbox.errors import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.message import Message, digest, mask_recorded, mask_secrets
+from pytest_mailbox.message import Message, digest, mask_recorded, mask_secrets, mask_values
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
 
 if TYPE_CHECKING:
@@ -88,10 +88,26 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
         raise ContractError(msg)
 
 
+#: The links and codes this process extracted lately (4+ characters), to mask wherever
+#: an error or the timeline would quote them: a test may wait with the code it was given
+#: (``body_regex=rf"\b{code}\b"``), or with another mailbox's.
+_EXTRACTED: dict[str, None] = {}
+_EXTRACTED_KEPT = 256
+_MIN_EXTRACTED = 4
+
+
+def _remember(value: str) -> None:
+    if len(value) >= _MIN_EXTRACTED:
+        _EXTRACTED.pop(value, None)
+        _EXTRACTED[value] = None
+        while len(_EXTRACTED) > _EXTRACTED_KEPT:
+            del _EXTRACTED[next(iter(_EXTRACTED))]
+
+
 def _describe(selector: Selector) -> str:
-    """The selector as errors and the timeline show it: digit runs masked, as in subjects
-    (a test may look for a code it was given)."""
-    return mask_secrets(selector.describe())
+    """The selector as errors and the timeline show it: digit runs and extracted secrets
+    masked, as in subjects (a test may look for a code it was given)."""
+    return mask_values(mask_secrets(selector.describe()), _EXTRACTED)
 
 
 def _quoted(value: str) -> str:
@@ -488,7 +504,7 @@ class Mailbox:
     def _unleaked(self, text: str) -> str:
         """An error text with every secret this run extracted masked, wherever it shows:
         a test may look for the code it was given (``body_contains=code``)."""
-        return mask_recorded(text, self._digests())
+        return mask_values(mask_recorded(text, self._digests()), _EXTRACTED)
 
     def _scan(
         self, selector: Selector, *, include_taken: bool = False, check_open: bool = True
@@ -715,6 +731,7 @@ class Mailbox:
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:
         def record(kind: str, value: str, host: str | None) -> None:
+            _remember(value)
             sha, last2 = digest(value)
             self.store.record_secret(self.mailbox_id, message_id, kind, sha, last2, host)
 

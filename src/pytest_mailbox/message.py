@@ -10,7 +10,7 @@ from __future__ import annotations
 import email.charset
 import hashlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.message import EmailMessage
@@ -147,6 +147,14 @@ def mask_recorded(text: str, digests: set[str] | None) -> str:
         return word
 
     return _SECRET_WORD.sub(hide, text) if digests else text
+
+
+def mask_values(text: str, values: Iterable[str]) -> str:
+    """Mask every occurrence of each of ``values`` (secrets this process extracted), also
+    inside a longer word or a quoted pattern (``/\\bQXKZTR\\b/``)."""
+    for value in sorted({v for v in values if v in text}, key=len, reverse=True):
+        text = text.replace(value, _keep_length(value))
+    return text
 
 
 def _keep_length(word: str) -> str:

@@ -408,13 +408,16 @@ class _ReceiptWriter:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Opened (so a path that cannot be written fails at start-up) but not emptied: a
-        # command that runs no test (--collect-only, --fixtures, --markers) keeps the file.
+        # command that starts no test session (--fixtures, --markers) keeps the file.
         self.stream = path.open("a", encoding="utf-8")
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+    def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
+        # A run that collects to run tests holds this run's receipts only, from the start:
+        # one that fails in collection leaves no receipts of the run before it.
+        # (--fixtures collects without this hook.)
         if not session.config.option.collectonly:
-            self.stream.truncate(0)  # tests run: the file holds this run's receipts only
+            self.stream.truncate(0)
         return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
