@@ -580,6 +580,7 @@ AMBIGUOUS_ROUNDS = [
     r"(a)(?:\1|b)+$",  # a backreference may take anything
     r"Dear ((?:[\w-]{1,30} ?){1,8}),",  # few rounds, but each may end in 30 places
     r"(?:\r\n|\n|\r)+Z",  # "\r\n" is one round or two
+    r"(\w?\w?\w?\w?){1,8}!",  # > 8 s on 12 characters
 ]
 #: Repeated groups that read a text one way only, or whose repeat cannot give back.
 ONE_WAY_ROUNDS = [
@@ -600,6 +601,9 @@ ONE_WAY_ROUNDS = [
     r"(?:=(?:\r?\n|[0-9A-F]{2})|[^=\s])+",  # quoted-printable: soft break, =XX, a character
     r"(?:-?\d|x)+",
     r"(?m)(?:^> .*$\n?)+",  # quoted reply lines: past "$" only the line break comes
+    r"(?:\d{1,3},?){1,4}",  # few rounds, each ending in few places: few ways in all
+    r"(?:\d{1,3}[ .-]?){3,4}",
+    r"Dear (\w{2,20} ?){1,3},",
 ]
 
 
@@ -761,10 +765,28 @@ def test_errors_and_the_timeline_mask_an_extracted_secret_inside_a_pattern_or_a_
         caught.append(str(timed_out.value))
     receipt = dump_receipt(second_mailbox.receipt())
 
+    token = found.rsplit("=", 1)[1]  # a token taken out of the link
+    with pytest.raises(WaitTimeout) as by_token:
+        isolated_mailbox.wait_for(timeout=0.01, body_contains=token)
+    caught.append(str(by_token.value))
+
     for text in [*caught, receipt]:
         assert "QXKZTR" not in text
         assert "Zk3Pq9Wm2Lx" not in text
     assert "body_contains='••••TR'" in receipt  # the waiting step, as the store keeps it
+
+
+def test_a_short_code_is_masked_in_its_own_mailboxs_errors(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address, "PIN", text="PIN: A7X\n"))
+    code = isolated_mailbox.wait_for(timeout=5).code(pattern=r"PIN: (\w+)")
+    assert code == "A7X"
+
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(timeout=0.01, body_regex=rf"\b{code}\b")
+
+    assert "A7X" not in str(timed_out.value)
 
 
 def test_near_miss_sender_reasons_mask_digit_runs(

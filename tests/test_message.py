@@ -805,11 +805,12 @@ def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
         ("r-44b17272f90f98a", "r-44b17272f90f98a"),  # an id: its digits stay
         ("m-4417272f90f9", "m-4417272f90f9"),
         ("run r-7a250cc8c22b78a8 ok", "run r-7a250cc8c22b78a8 ok"),
+        ("認証コードは482913です", "認証コードは••••13です"),  # no spaces in the sentence
+        ("Your code123456 for login", "Your code••••56 for login"),
+        ("ＰＩＮ１２３４５６", "ＰＩＮ••••５６"),
     ],
 )
-def test_digit_runs_standing_alone_are_masked_but_not_those_inside_ids(
-    text: str, masked: str
-) -> None:
+def test_digit_runs_are_masked_but_not_the_digits_of_ids(text: str, masked: str) -> None:
     assert mask_secrets(text) == masked
 
 

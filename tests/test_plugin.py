@@ -547,6 +547,29 @@ def test_a_session_that_fails_in_collection_leaves_no_receipts_of_the_last_run(
     assert (pytester.path / "receipts.jsonl").read_text() == ""  # nothing that looks current
 
 
+def test_a_failing_waits_traceback_shows_no_extracted_code(pytester: pytest.Pytester) -> None:
+    # pytest prints the arguments of each frame it shows: the selector must not be one.
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_it(isolated_mailbox, send):
+            send(isolated_mailbox.address, "Your code", body="Your code is QXKZ" + "TRWB")
+            code = isolated_mailbox.wait_for().code(pattern=r"is (\\w+)")
+            isolated_mailbox.wait_for(timeout=0.01, body_regex=rf"\\b{code}\\b")
+        """
+    )
+    result = pytester.runpytest("--junitxml=junit.xml", "--mailbox-receipts=r.jsonl")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*WaitTimeout*body_regex=*••••••WB*"])
+    for text in (
+        result.stdout.str(),
+        (pytester.path / "junit.xml").read_text(),
+        (pytester.path / "r.jsonl").read_text(),
+    ):
+        assert "QXKZTRWB" not in text
+
+
 def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

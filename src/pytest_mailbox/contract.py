@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 import re
 import sys
 from collections.abc import Mapping
@@ -240,6 +241,12 @@ class Selector(BaseModel):
             raise ValueError(msg)
         return value
 
+    def __repr__(self) -> str:
+        """Masked as errors show it: a traceback may print the selector a test waited with."""
+        from pytest_mailbox.message import mask_extracted, mask_secrets  # noqa: PLC0415
+
+        return f"Selector({mask_extracted(mask_secrets(self.describe()))})"
+
     def describe(self) -> str:
         """``subject_contains='Verify', sender='a@b'``: the fields that were given."""
         given = self.model_dump(exclude_none=True)
@@ -332,14 +339,12 @@ _ATOMS = (
 )
 _ZERO_WIDTH = (_sre_constants.AT, _sre_constants.ASSERT, _sre_constants.ASSERT_NOT)
 _ENDS = (_sre_constants.AT_END, _sre_constants.AT_END_LINE, _sre_constants.AT_END_STRING)
-#: Repeats bounded this low, all enclosing bounds multiplied, cannot blow up: at most
-#: 2**N ways to split a text.
-_FEW_ROUNDS = 8
+#: A bounded repeat that can split a text in at most this many ways is left alone: its
+#: rounds, all enclosing bounds multiplied, and the places each round may end.
+_FEW_WAYS = 2**16
 #: Characters sets are tried on, besides ASCII and the pattern's own characters and range
 #: ends: one of each kind a category or a negated class may reach outside ASCII.
 _SAMPLES = "\u00a0\u00e9\u00df\u0663\u2028\u4e2d\uff11"
-#: A repeat whose count may vary by this much ends its round in that many places.
-_WIDE = 2
 #: A fixed repeat is spelled out this far when alternatives are compared.
 _SPELLED_OUT = 64
 
@@ -378,11 +383,11 @@ class _Rounds:
             if op in _REPEATS:
                 high, body = av[1], av[2]
                 unbounded = rounds is None or high == _sre_constants.MAXREPEAT
-                # A round that may end in many places ([\w-]{1,30}) splits a text in far
-                # more than 2**rounds ways: such rounds are counted as unbounded.
-                unbounded = unbounded or (high > 1 and self._ranges(body))
                 many = None if unbounded else rounds * high
-                if high > 1 and (many is None or many > _FEW_ROUNDS) and self._splits(body, flags):
+                # Few rounds, each ending in few places, split a text in few ways, however
+                # they overlap: (\d{1,3},?){1,4} at most 6**4. ([\w-]{1,30} ?){1,8} does not.
+                ways = math.inf if many is None else _power(self._ends(body), many)
+                if high > 1 and ways > _FEW_WAYS and self._splits(body, flags):
                     return True
                 if self._scan(body, flags, many):
                     return True
@@ -397,17 +402,22 @@ class _Rounds:
                 return True
         return False
 
-    def _ranges(self, items: Any) -> bool:
-        """A repeat inside ``items`` takes anywhere from a few to many rounds ({1,30})."""
+    def _ends(self, items: Any) -> float:
+        """In how many places a match of ``items`` may end, at most (inf: no bound)."""
+        ends = 1.0
         for op, av in items:
-            if op in _REPEATS and av[1] - av[0] >= _WIDE:
-                return True
-            inner = [av[2]] if op in _REPEATS else []
-            if op is _sre_constants.SUBPATTERN or op is _sre_constants.BRANCH:
-                inner = _children(op, av)
-            if any(self._ranges(child) for child in inner):
-                return True
-        return False
+            if op in _REPEATS:
+                if av[1] == _sre_constants.MAXREPEAT:
+                    return math.inf
+                ends *= (av[1] - av[0] + 1) * _power(self._ends(av[2]), av[1])
+            elif op is _sre_constants.SUBPATTERN:
+                ends *= self._ends(av[3])
+            elif op is _sre_constants.BRANCH:
+                widths = {self._width(list(branch)) for branch in av[1]}
+                ends *= len(widths) * max(self._ends(branch) for branch in av[1])
+            elif op is _sre_constants.GROUPREF:
+                return math.inf
+        return min(ends, math.inf)
 
     def _splits(self, body: Any, flags: int) -> bool:
         """A round of ``body`` may be read two ways, with the next round after it."""
@@ -564,6 +574,16 @@ class _Rounds:
             compiled = _sre_compile(_sre_parse.SubPattern(self.state, [item]), flags)
             self._sets[key] = frozenset(c for c in self.universe if compiled.match(c))
         return self._sets[key]
+
+
+def _power(base: float, times: int) -> float:
+    """``base ** times``, or inf where a float would overflow."""
+    if base <= 1:
+        return base
+    return math.inf if times * math.log(base) > _LOG_MAX else float(base**times)
+
+
+_LOG_MAX = 700.0
 
 
 def _scoped(flags: int, av: Any) -> int:

@@ -43,7 +43,15 @@ from pytest_mailbox.errors import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.message import Message, digest, mask_recorded, mask_secrets, mask_values
+from pytest_mailbox.message import (
+    Message,
+    digest,
+    mask_extracted,
+    mask_recorded,
+    mask_secrets,
+    mask_values,
+    remember_extracted,
+)
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
 
 if TYPE_CHECKING:
@@ -88,26 +96,10 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
         raise ContractError(msg)
 
 
-#: The links and codes this process extracted lately (4+ characters), to mask wherever
-#: an error or the timeline would quote them: a test may wait with the code it was given
-#: (``body_regex=rf"\b{code}\b"``), or with another mailbox's.
-_EXTRACTED: dict[str, None] = {}
-_EXTRACTED_KEPT = 256
-_MIN_EXTRACTED = 4
-
-
-def _remember(value: str) -> None:
-    if len(value) >= _MIN_EXTRACTED:
-        _EXTRACTED.pop(value, None)
-        _EXTRACTED[value] = None
-        while len(_EXTRACTED) > _EXTRACTED_KEPT:
-            del _EXTRACTED[next(iter(_EXTRACTED))]
-
-
 def _describe(selector: Selector) -> str:
     """The selector as errors and the timeline show it: digit runs and extracted secrets
     masked, as in subjects (a test may look for a code it was given)."""
-    return mask_values(mask_secrets(selector.describe()), _EXTRACTED)
+    return mask_extracted(mask_secrets(selector.describe()))
 
 
 def _quoted(value: str) -> str:
@@ -210,6 +202,7 @@ class Mailbox:
         self._signal = signal or Signal()
         self._since: Checkpoint | None = None
         self._parsed: dict[int, Message] = {}
+        self._extracted: set[str] = set()  # the links and codes taken from its messages
         self._waited = False
         self._agent: AgentTools | None = None
 
@@ -307,6 +300,7 @@ class Mailbox:
         **selector: Any,
     ) -> ClaimedMessage:
         """Wait for exactly one matching message and claim it under the contract's lease."""
+        __tracebackhide__ = True  # its arguments (the selector) may hold a code
         return self._run(self._wait_steps(self._selector(selector), timeout, lease))
 
     async def wait_for_async(
@@ -317,14 +311,17 @@ class Mailbox:
         **selector: Any,
     ) -> ClaimedMessage:
         """``wait_for`` for async tests: the same steps, awaiting instead of blocking."""
+        __tracebackhide__ = True  # its arguments (the selector) may hold a code
         return await self._run_async(self._wait_steps(self._selector(selector), timeout, lease))
 
     def expect_none(self, *, within: float, **selector: Any) -> None:
         """Pass only if no matching message arrives within ``within`` seconds (a real wait)."""
+        __tracebackhide__ = True  # its arguments (the selector) may hold a code
         self._run(self._none_steps(self._selector(selector), within))
 
     async def expect_none_async(self, *, within: float, **selector: Any) -> None:
         """``expect_none`` for async tests."""
+        __tracebackhide__ = True  # its arguments (the selector) may hold a code
         await self._run_async(self._none_steps(self._selector(selector), within))
 
     def look_for(
@@ -355,6 +352,7 @@ class Mailbox:
     def _wait_steps(
         self, chosen: Selector, timeout: float | None, lease: float | None
     ) -> Generator[_Pause, None, ClaimedMessage]:
+        __tracebackhide__ = True
         _seconds("wait_for", "timeout", timeout, zero=True)
         _seconds("wait_for", "lease", lease)
         limit = self.contract.timeout if timeout is None else timeout
@@ -399,6 +397,7 @@ class Mailbox:
             yield pause
 
     def _none_steps(self, chosen: Selector, within: float) -> Generator[_Pause, None, None]:
+        __tracebackhide__ = True
         _seconds("expect_none", "within", within, zero=True)
         deadline = time.monotonic() + within
         while True:
@@ -431,6 +430,7 @@ class Mailbox:
 
     def _run(self, steps: Generator[_Pause, None, _T]) -> _T:
         """Drive the steps, blocking: the in-process signal wakes at once, the store is polled."""
+        __tracebackhide__ = True  # its arguments (the selector) may hold a code
         polls = _polls()  # one schedule per wait: a busy store does not restart it
         try:
             pause = next(steps)
@@ -448,6 +448,7 @@ class Mailbox:
 
     async def _run_async(self, steps: Generator[_Pause, None, _T]) -> _T:
         """Drive the steps, awaiting: the event loop stays free while the mailbox waits."""
+        __tracebackhide__ = True  # its arguments (the selector) may hold a code
         polls = _polls()
         try:
             pause = next(steps)
@@ -504,7 +505,9 @@ class Mailbox:
     def _unleaked(self, text: str) -> str:
         """An error text with every secret this run extracted masked, wherever it shows:
         a test may look for the code it was given (``body_contains=code``)."""
-        return mask_values(mask_recorded(text, self._digests()), _EXTRACTED)
+        # Its own values whatever their length (a PIN of three), then the process's.
+        own = mask_values(mask_recorded(text, self._digests()), self._extracted)
+        return mask_extracted(own)
 
     def _scan(
         self, selector: Selector, *, include_taken: bool = False, check_open: bool = True
@@ -731,7 +734,8 @@ class Mailbox:
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:
         def record(kind: str, value: str, host: str | None) -> None:
-            _remember(value)
+            remember_extracted(kind, value)
+            self._extracted.add(value)
             sha, last2 = digest(value)
             self.store.record_secret(self.mailbox_id, message_id, kind, sha, last2, host)
 

@@ -19,7 +19,7 @@ from email.policy import EmailPolicy
 from functools import cached_property, lru_cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pytest_mailbox.errors import ExtractionError
 
@@ -44,10 +44,12 @@ _REPR_SUBJECT = 60
 # Lower-case route words only ("verify", "reset-password"): a token made of letters alone,
 # mixed case or long, must never pass for a word.
 _WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
-#: What ``mask_secrets`` hides whatever it is: a run of four or more digits standing on
-#: its own, as a code does ("code 415926", "#415926"); not one inside a word, such as an
-#: id ("r-44b17272f90f98a"), which would only come out garbled.
-_DIGITS = re.compile(r"(?<![^\W_])\d{4,}(?![^\W_])")
+#: What ``mask_secrets`` hides whatever it is: a run of four or more digits, as a code
+#: is ("code 415926", "認証コードは482913です", "code123456"); not the digits of an id,
+#: whose word mixes several digit runs with letters ("r-44b17272f90f98a").
+_ALNUM = re.compile(r"[^\W_]+")
+_DIGIT_RUN = re.compile(r"\d+")
+_DIGITS = re.compile(r"\d{4,}")
 #: What it hides when its digest is a recorded secret: a code or token, any length.
 _SECRET_WORD = re.compile(r"[\w\-.~%]+")
 _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
@@ -131,7 +133,14 @@ def _word_or_redacted(value: str) -> str:
 
 def mask_secrets(text: str, digests: set[str] | None = None) -> str:
     """Mask runs of 4+ digits, and any word whose sha256 is a recorded secret: ``••••56``."""
-    return mask_recorded(_DIGITS.sub(lambda m: _keep_length(m.group()), text), digests)
+    return mask_recorded(_ALNUM.sub(_mask_digit_runs, text), digests)
+
+
+def _mask_digit_runs(match: re.Match[str]) -> str:
+    word = match.group()
+    if len(_DIGIT_RUN.findall(word)) > 1:
+        return word  # an id: several digit runs among letters
+    return _DIGITS.sub(lambda m: _keep_length(m.group()), word)
 
 
 def mask_recorded(text: str, digests: set[str] | None) -> str:
@@ -147,6 +156,40 @@ def mask_recorded(text: str, digests: set[str] | None) -> str:
         return word
 
     return _SECRET_WORD.sub(hide, text) if digests else text
+
+
+#: The links and codes this process extracted lately, to mask wherever an error, a
+#: traceback or the timeline would quote them: a test may wait with the code it was given
+#: (``body_regex=rf"\\b{code}\\b"``), a token taken out of a link, or another mailbox's.
+#: Short values (a four-digit PIN) are masked by their own mailbox only.
+_EXTRACTED: dict[str, None] = {}
+_EXTRACTED_KEPT = 256
+_MIN_EXTRACTED = 6
+_MIN_LINK_PART = 8
+
+
+def remember_extracted(kind: str, value: str) -> None:
+    """Keep ``value`` (and, for a link, its query values and long path segments)."""
+    parts = [value]
+    if kind == "link":
+        split = urlsplit(value)
+        if split.path.strip("/") == "" and not split.query:
+            parts = []  # a bare host is no secret, and would mask every other link
+        parts += [v for _, v in parse_qsl(split.query) if len(v) >= _MIN_LINK_PART]
+        parts += [seg for seg in split.path.split("/") if len(seg) >= 2 * _MIN_LINK_PART]
+        if split.fragment and len(split.fragment) >= _MIN_LINK_PART:
+            parts.append(split.fragment)
+    for part in parts:
+        if len(part) >= _MIN_EXTRACTED:
+            _EXTRACTED.pop(part, None)
+            _EXTRACTED[part] = None
+    while len(_EXTRACTED) > _EXTRACTED_KEPT:
+        del _EXTRACTED[next(iter(_EXTRACTED))]
+
+
+def mask_extracted(text: str) -> str:
+    """Mask what this process extracted lately, wherever it shows in ``text``."""
+    return mask_values(text, _EXTRACTED)
 
 
 def mask_values(text: str, values: Iterable[str]) -> str:
