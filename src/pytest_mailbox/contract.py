@@ -342,6 +342,8 @@ _ENDS = (_sre_constants.AT_END, _sre_constants.AT_END_LINE, _sre_constants.AT_EN
 #: A bounded repeat that can split a text in at most this many ways is left alone: its
 #: rounds, all enclosing bounds multiplied, and the places each round may end.
 _FEW_WAYS = 2**16
+#: Past this, ``base ** times`` would overflow a float: counted as no bound.
+_LOG_MAX = 700.0
 #: Characters sets are tried on, besides ASCII and the pattern's own characters and range
 #: ends: one of each kind a category or a negated class may reach outside ASCII.
 _SAMPLES = "\u00a0\u00e9\u00df\u0663\u2028\u4e2d\uff11"
@@ -386,8 +388,11 @@ class _Rounds:
                 many = None if unbounded else rounds * high
                 # Few rounds, each ending in few places, split a text in few ways, however
                 # they overlap: (\d{1,3},?){1,4} at most 6**4. ([\w-]{1,30} ?){1,8} does not.
-                ways = math.inf if many is None else _power(self._ends(body), many)
-                if high > 1 and ways > _FEW_WAYS and self._splits(body, flags):
+                if (
+                    high > 1
+                    and (many is None or _power(self._ends(body), many) > _FEW_WAYS)
+                    and self._splits(body, flags)
+                ):
                     return True
                 if self._scan(body, flags, many):
                     return True
@@ -581,9 +586,6 @@ def _power(base: float, times: int) -> float:
     if base <= 1:
         return base
     return math.inf if times * math.log(base) > _LOG_MAX else float(base**times)
-
-
-_LOG_MAX = 700.0
 
 
 def _scoped(flags: int, av: Any) -> int:

@@ -49,7 +49,6 @@ from pytest_mailbox.message import (
     mask_extracted,
     mask_recorded,
     mask_secrets,
-    mask_values,
     remember_extracted,
 )
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
@@ -505,9 +504,8 @@ class Mailbox:
     def _unleaked(self, text: str) -> str:
         """An error text with every secret this run extracted masked, wherever it shows:
         a test may look for the code it was given (``body_contains=code``)."""
-        # Its own values whatever their length (a PIN of three), then the process's.
-        own = mask_values(mask_recorded(text, self._digests()), self._extracted)
-        return mask_extracted(own)
+        # Its own values whatever their length (a PIN of three), and the process's.
+        return mask_extracted(mask_recorded(text, self._digests()), also=self._extracted)
 
     def _scan(
         self, selector: Selector, *, include_taken: bool = False, check_open: bool = True

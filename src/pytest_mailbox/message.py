@@ -187,9 +187,10 @@ def remember_extracted(kind: str, value: str) -> None:
         del _EXTRACTED[next(iter(_EXTRACTED))]
 
 
-def mask_extracted(text: str) -> str:
-    """Mask what this process extracted lately, wherever it shows in ``text``."""
-    return mask_values(text, _EXTRACTED)
+def mask_extracted(text: str, also: Iterable[str] = ()) -> str:
+    """Mask what this process extracted lately, and ``also`` these values, wherever they
+    show in ``text``: in one pass, longest first, so a link is masked whole."""
+    return mask_values(text, {*_EXTRACTED, *also})
 
 
 def mask_values(text: str, values: Iterable[str]) -> str:

@@ -407,8 +407,8 @@ class _ReceiptWriter:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Opened (so a path that cannot be written fails at start-up) but not emptied: a
-        # command that starts no test session (--fixtures, --markers) keeps the file.
+        # Opened (so a path that cannot be written fails at start-up) but not emptied: that
+        # waits for the collection of a run (so --fixtures and --markers keep the file).
         self.stream = path.open("a", encoding="utf-8")
 
     @pytest.hookimpl(wrapper=True)
