@@ -5,6 +5,7 @@ from __future__ import annotations
 import smtplib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from pytest_mailbox import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.contract import Status, dump_receipt
+from pytest_mailbox.contract import Checkpoint, Status, dump_receipt
 from pytest_mailbox.mailbox import POLL_FIRST, POLL_INTERVAL
 from pytest_mailbox.message import Message
 from pytest_mailbox.sink import Signal
@@ -81,6 +82,25 @@ def test_message_sent_before_checkpoint_is_not_matched(
     msg = isolated_mailbox.wait_for(subject="Welcome", timeout=10)
     assert msg.message_id != old
     assert ids(mailbox_store, isolated_mailbox) == [old, msg.message_id]
+
+
+@pytest.mark.parametrize(
+    ("after", "shown"),
+    [
+        (datetime(2026, 12, 3, 16, 30, 5, tzinfo=timezone.utc), "2026-12-03T16:30:05+00:00"),
+        (1796315405.25, "1796315405.25 (2026-12-03T16:30:05.250000+00:00)"),
+        (Checkpoint(seq=12345, at=1796315405.5), "seq=12345, at=2026-12-03T16:30:05.500000"),
+    ],
+)
+def test_a_timeout_shows_received_after_as_a_time_not_masked_digits(
+    isolated_mailbox: Mailbox, after: datetime | float | Checkpoint, shown: str
+) -> None:
+    with pytest.raises(WaitTimeout) as excinfo:
+        isolated_mailbox.wait_for(subject="Welcome 2026", received_after=after, timeout=SHORT)
+
+    text = str(excinfo.value)
+    assert shown in text
+    assert "subject='Welcome ••26'" in text  # a value a test copied from mail stays masked
 
 
 def test_explicit_received_after_selects_the_later_message(

@@ -808,10 +808,30 @@ def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
         ("認証コードは482913です", "認証コードは••••13です"),  # no spaces in the sentence
         ("Your code123456 for login", "Your code••••56 for login"),
         ("ＰＩＮ１２３４５６", "ＰＩＮ••••５６"),
+        ("Invoice 2026", "Invoice ••26"),  # a year alone may be a PIN
     ],
 )
 def test_digit_runs_are_masked_but_not_the_digits_of_ids(text: str, masked: str) -> None:
     assert mask_secrets(text) == masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Your order of 2026-12-03",
+        "sent 2026-12-03T16:30:00.123456+00:00 by run r-2026-12-03-1",
+        "Date: Thu, 3 Dec 2026 16:30:00 +0000",
+        "Meeting on 03/12/2026 at 9:05, or 2026/12/03 16:30",
+        "waited until 16:30:12.123456",
+    ],
+)
+def test_dates_and_times_keep_their_digits(text: str) -> None:
+    assert mask_secrets(text) == text
+
+
+def test_a_code_beside_a_date_is_still_masked() -> None:
+    assert mask_secrets("code 482913 sent 2026-12-03 12:30") == "code ••••13 sent 2026-12-03 12:30"
+    assert mask_secrets("code 1234:56, code 12:345678") == "code ••34:56, code 12:••••78"
 
 
 def test_a_header_too_long_to_decode_is_shown_as_sent_by_index_and_message() -> None:

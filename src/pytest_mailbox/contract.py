@@ -7,7 +7,7 @@ import functools
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -243,14 +243,39 @@ class Selector(BaseModel):
 
     def __repr__(self) -> str:
         """Masked as errors show it: a traceback may print the selector a test waited with."""
-        from pytest_mailbox.message import mask_extracted, mask_secrets  # noqa: PLC0415
+        from pytest_mailbox.message import mask_copied  # noqa: PLC0415
 
-        return f"Selector({mask_extracted(mask_secrets(self.describe()))})"
+        return f"Selector({self.describe(mask_copied)})"
 
-    def describe(self) -> str:
-        """``subject_contains='Verify', sender='a@b'``: the fields that were given."""
-        given = self.model_dump(exclude_none=True)
-        return ", ".join(f"{k}={v!r}" for k, v in given.items()) or "any message"
+    def describe(self, mask: Callable[[str], str] | None = None) -> str:
+        """``subject_contains='Verify', sender='a@b'``: the fields that were given.
+
+        ``mask`` hides what a test may have copied from a message (a code it looks for);
+        ``received_after`` is a point in time, shown as one and never masked.
+        """
+        parts = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if name == "received_after":
+                parts.append(f"received_after={_instant(value)}")
+            else:
+                part = f"{name}={value!r}"
+                parts.append(mask(part) if mask else part)
+        return ", ".join(parts) or "any message"
+
+
+def _instant(value: Checkpoint | datetime | float) -> str:
+    """``received_after`` as a reader compares it: ``2026-12-03T16:30:00.500000+00:00``."""
+    if isinstance(value, Checkpoint):
+        return f"checkpoint(seq={value.seq}, at={utc(value.at).isoformat()})"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    try:
+        return f"{value!r} ({utc(value).isoformat()})"
+    except (OverflowError, OSError, ValueError):  # no date: nan, or past year 9999
+        return repr(value)
 
 
 _REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT)

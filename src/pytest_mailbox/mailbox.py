@@ -46,6 +46,7 @@ from pytest_mailbox.errors import (
 from pytest_mailbox.message import (
     Message,
     digest,
+    mask_copied,
     mask_extracted,
     mask_recorded,
     mask_secrets,
@@ -98,7 +99,7 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
 def _describe(selector: Selector) -> str:
     """The selector as errors and the timeline show it: digit runs and extracted secrets
     masked, as in subjects (a test may look for a code it was given)."""
-    return mask_extracted(mask_secrets(selector.describe()))
+    return selector.describe(mask_copied)
 
 
 def _quoted(value: str) -> str:

@@ -45,9 +45,19 @@ _REPR_SUBJECT = 60
 # mixed case or long, must never pass for a word.
 _WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
 #: What ``mask_secrets`` hides whatever it is: a run of four or more digits, as a code
-#: is ("code 415926", "認証コードは482913です", "code123456"); not the digits of an id,
-#: whose word mixes several digit runs with letters ("r-44b17272f90f98a").
-_ALNUM = re.compile(r"[^\W_]+")
+#: is ("code 415926", "認証コードは482913です", "code123456"), in a word (``[^\W_]+``);
+#: not the digits of an id, whose word mixes several digit runs with letters
+#: ("r-44b17272f90f98a"), nor those of a date or time (``when``): ISO 8601
+#: (``2026-12-03T16:30:00.5Z``), ``03/12/2026``, ``2026/12/03``, a time with its seconds'
+#: fraction, and the year, time and offset of an RFC 5322 date (``3 Dec 2026 16:30 +0000``).
+_WHEN = (
+    r"(?<![^\W_])(?:"
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?"
+    r"|\d{1,2}/\d{1,2}/\d{4}|\d{4}/\d{1,2}/\d{1,2}"
+    r"|(?:\d{4} )?\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?: [+-]\d{4})?"
+    r")(?![^\W_])"
+)
+_MASKABLE = re.compile(f"(?P<when>{_WHEN})|[^\\W_]+")
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
 #: What it hides when its digest is a recorded secret: a code or token, any length.
@@ -132,12 +142,23 @@ def _word_or_redacted(value: str) -> str:
 
 
 def mask_secrets(text: str, digests: set[str] | None = None) -> str:
-    """Mask runs of 4+ digits, and any word whose sha256 is a recorded secret: ``••••56``."""
-    return mask_recorded(_ALNUM.sub(_mask_digit_runs, text), digests)
+    """Mask runs of 4+ digits, and any word whose sha256 is a recorded secret: ``••••56``.
+
+    Dates and times keep their digits (``2026-12-03``, ``16:30:00.123456``).
+    """
+    return mask_recorded(_MASKABLE.sub(_mask_digit_runs, text), digests)
+
+
+def mask_copied(text: str) -> str:
+    """Mask what a test may have copied from a message into a selector: digit runs, and
+    what this process extracted lately (a code it waits for, a token out of a link)."""
+    return mask_extracted(mask_secrets(text))
 
 
 def _mask_digit_runs(match: re.Match[str]) -> str:
     word = match.group()
+    if match.group("when"):
+        return word
     if len(_DIGIT_RUN.findall(word)) > 1:
         return word  # an id: several digit runs among letters
     return _DIGITS.sub(lambda m: _keep_length(m.group()), word)
