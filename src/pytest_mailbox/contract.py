@@ -470,10 +470,15 @@ class _Rounds:
         """Some part of ``items``, followed by what begins with ``after``, may stop early
         where its continuation could begin what follows it."""
         items = list(items)
+        # What may follow each part, from the right: linear in the parts, not quadratic.
+        following = [after] * len(items)
+        for i in range(len(items) - 1, 0, -1):
+            first = self._first_of(items[i], flags)
+            following[i - 1] = first if self._width([items[i]])[0] else first | following[i]
         for i, item in enumerate(items):
-            rest = items[i + 1 :]
-            follows = self._first(rest, flags) | (after if not self._width(rest)[0] else set())
-            if rest and rest[0][0] is _sre_constants.AT and rest[0][1] in _ENDS:
+            follows = following[i]
+            then = items[i + 1] if i + 1 < len(items) else None
+            if then is not None and then[0] is _sre_constants.AT and then[1] in _ENDS:
                 follows &= {"\n"}  # past a "$", only its line break may come
             if self._tail_of(item, flags) & follows:
                 return True
