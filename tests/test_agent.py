@@ -268,6 +268,33 @@ def test_a_receipt_without_agent_tools_has_no_evidence(isolated_mailbox: Mailbox
     assert '"evidence"' not in dump_receipt(isolated_mailbox.receipt())
 
 
+@pytest.mark.email_contract(purpose="signup", max_reads=10)
+def test_evidence_masks_a_code_the_test_extracted_and_handed_to_the_agent(
+    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+) -> None:
+    mail = EmailMessage()
+    mail["From"] = f"noreply@{APP}"
+    mail["To"] = isolated_mailbox.address
+    mail["Subject"] = "Your sign-in code"
+    mail.set_content("Type QXKZTRWB to sign in.\n")  # letters only: no digit run to mask
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(mail)
+    code = isolated_mailbox.wait_for(timeout=10).code(pattern=r"Type ([A-Z]{8}) to")
+    tools = isolated_mailbox.agent_tools()
+
+    # a harness that tells its agent to look for a mail quoting the code it typed
+    answer = tools.call(
+        "claim_message",
+        {"fixture_id": isolated_mailbox.mailbox_id, "selector": {"subject_contains": code}},
+    )
+
+    assert answer["status"] == "waiting"
+    receipt = dump_receipt(isolated_mailbox.receipt())
+    assert code not in json.dumps(answer)
+    assert code not in receipt
+    assert "••••••WB" in receipt
+
+
 # -- misbehaviour: an exact answer, nothing executed ------------------------------------------
 
 

@@ -45,7 +45,7 @@ from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, S
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.message import Message, _host, mask_secrets, redact_url
+from pytest_mailbox.message import Message, _host, mask_copied, redact_url
 from pytest_mailbox.store import Outcome, Store
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
@@ -130,7 +130,7 @@ class MessageSelector(_Arguments):
 
     @field_serializer("subject_contains")
     def _masked(self, value: str | None) -> str | None:
-        return None if value is None else mask_secrets(value)
+        return None if value is None else mask_copied(value)
 
 
 class ClaimMessage(_Arguments):
