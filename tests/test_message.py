@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -20,6 +21,7 @@ from pytest_mailbox.message import (
     MAX_PARSED_HEADER,
     Index,
     Message,
+    Recorded,
     digest,
     index,
     mask_secrets,
@@ -434,10 +436,13 @@ def test_redact_url(url: str, expected: str) -> None:
     assert redact_url(url) == expected
 
 
-def test_digest_is_sha256_hex_and_last_two_characters() -> None:
-    assert digest("482913") == (hashlib.sha256(b"482913").hexdigest(), "13")
-    assert digest("é") == (hashlib.sha256("é".encode()).hexdigest(), "é")
-    assert digest("") == (hashlib.sha256(b"").hexdigest(), "")
+def test_digest_is_a_keyed_sha256_hex_and_last_two_characters() -> None:
+    key = b"k" * 32
+    assert digest("482913", key) == (hmac.new(key, b"482913", "sha256").hexdigest(), "13")
+    assert digest("é", key) == (hmac.new(key, "é".encode(), "sha256").hexdigest(), "é")
+    assert digest("", key) == (hmac.new(key, b"", "sha256").hexdigest(), "")
+    assert digest("482913", b"j" * 32)[0] != digest("482913", key)[0]
+    assert digest("482913", key)[0] != hashlib.sha256(b"482913").hexdigest()
 
 
 # -- malformed mail is flagged, never raised -------------------------------------------------
@@ -789,7 +794,10 @@ def test_a_link_keeps_letters_of_any_script_in_its_path() -> None:
 
 
 def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
-    digests = {digest("QXKZTR")[0], digest("ab.cd")[0]}
+    key = b"k" * 32
+    digests = Recorded(
+        frozenset({digest("QXKZTR", key)[0], digest("ab.cd", key)[0]}), lambda v: digest(v, key)
+    )
 
     assert mask_secrets("Your code is QXKZTR.", digests) == "Your code is ••••TR."
     assert mask_secrets("Codes: -QXKZTR- ab.cd", digests) == "Codes: -••••TR- •••cd"

@@ -7,6 +7,7 @@ is reached by moving the clock, never by sleeping.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from contextlib import closing
 from email.message import EmailMessage
@@ -621,6 +622,36 @@ def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
     ]
     assert [(s["message_id"], s["kind"]) for s in history.secrets] == [(message_id, "link")]
     assert store.history("mbx-unknown") == (None, [], [], [])
+
+
+def test_a_codes_digest_in_a_receipt_cannot_be_found_by_trying_every_code(
+    store: Store, db: Path, tmp_path: Path
+) -> None:
+    mailbox = reserve_mailbox(store)
+    mail = EmailMessage()
+    mail["To"] = mailbox.address
+    mail["Subject"] = "Your code"
+    mail.set_content("Your code is 482913.")
+    store.deliver(
+        mail_from="noreply@app.example.test",
+        deliveries=[Delivery(mailbox.address, mailbox.alias, None, mailbox.domain)],
+        raw=mail.as_bytes(),
+        subject="Your code",
+        run_header=None,
+    )
+    code = mailbox.wait_for(subject="Your code").code()
+
+    ((secret,),) = [m.secrets for m in mailbox.receipt().messages]
+
+    # All a reader of the receipt can try: the 10,000 six-digit codes that end in last2.
+    tried = {hashlib.sha256(f"{n:04d}{secret.last2}".encode()).hexdigest() for n in range(10**4)}
+    assert secret.last2 == "13"
+    assert secret.sha256 not in tried
+    assert secret.sha256 == store.digest(code)[0]  # the store's key checks a value one knows
+    with closing(Store(db)) as again:  # every process of the run has the same key
+        assert again.digest(code) == store.digest(code)
+    with closing(Store(tmp_path / "another-run.sqlite3")) as other:
+        assert other.digest(code)[0] != secret.sha256
 
 
 def test_wait_for_one_match_in_an_overdue_mailbox_raises_mailbox_closed(

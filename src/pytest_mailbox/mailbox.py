@@ -45,7 +45,7 @@ from pytest_mailbox.errors import (
 )
 from pytest_mailbox.message import (
     Message,
-    digest,
+    Recorded,
     mask_copied,
     mask_extracted,
     mask_recorded,
@@ -495,8 +495,9 @@ class Mailbox:
             self._parsed[row.body_id] = parsed
         return parsed
 
-    def _digests(self) -> set[str]:
-        return {s["sha256"] for s in self.store.secrets(self.mailbox_id)}
+    def _digests(self) -> Recorded:
+        shas = frozenset(s["sha256"] for s in self.store.secrets(self.mailbox_id))
+        return Recorded(shas, self.store.digest)
 
     def _subject(self, row: MessageRow) -> str:
         """A subject fit for an error message: digit runs and extracted secrets masked."""
@@ -735,7 +736,7 @@ class Mailbox:
         def record(kind: str, value: str, host: str | None) -> None:
             remember_extracted(kind, value)
             self._extracted.add(value)
-            sha, last2 = digest(value)
+            sha, last2 = self.store.digest(value)
             self.store.record_secret(self.mailbox_id, message_id, kind, sha, last2, host)
 
         return record
@@ -749,7 +750,7 @@ class Mailbox:
     def _receipt(self, history: History) -> Receipt:
         row = history.mailbox or self._row
         found = history.secrets
-        digests = {s["sha256"] for s in found}
+        digests = Recorded(frozenset(s["sha256"] for s in found), self.store.digest)
         messages = [
             MessageReceipt(
                 message_id=m.message_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.charset
 import hashlib
+import hmac
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pytest_mailbox.errors import ExtractionError
 
-__all__ = ["Index", "Message", "digest", "index", "mask_secrets", "redact_url"]
+__all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "redact_url"]
 
 #: Four to eight digits not touching other digits: what ``code()`` looks for by default.
 DEFAULT_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
@@ -90,9 +91,27 @@ _HTML_BLOCK = frozenset(
 )  # fmt: skip
 
 
-def digest(value: str) -> tuple[str, str]:
-    """(sha256 hex of the UTF-8 value, last two characters): how secrets appear in receipts."""
-    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest(), value[-2:]
+def digest(value: str, key: bytes) -> tuple[str, str]:
+    """(HMAC-SHA256 hex of the UTF-8 value under ``key``, last two characters): how secrets
+    appear in receipts. The key is the store's own, random and never in a receipt: without
+    it, no one can find a six-digit code by hashing the million candidates."""
+    mac = hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256)
+    return mac.hexdigest(), value[-2:]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The digests of the secrets a mailbox recorded, with the store's ``digest``: what
+    ``mask_secrets`` masks whatever its length."""
+
+    digests: frozenset[str]
+    digest: Callable[[str], tuple[str, str]]
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and self.digest(value)[0] in self.digests
+
+    def __bool__(self) -> bool:
+        return bool(self.digests)
 
 
 def redact_url(url: str) -> str:
@@ -141,12 +160,12 @@ def _word_or_redacted(value: str) -> str:
     return value if not value or _WORD.fullmatch(value) else _REDACTED
 
 
-def mask_secrets(text: str, digests: set[str] | None = None) -> str:
-    """Mask runs of 4+ digits, and any word whose sha256 is a recorded secret: ``••••56``.
+def mask_secrets(text: str, recorded: Recorded | None = None) -> str:
+    """Mask runs of 4+ digits, and any word that is a ``recorded`` secret: ``••••56``.
 
     Dates and times keep their digits (``2026-12-03``, ``16:30:00.123456``).
     """
-    return mask_recorded(_MASKABLE.sub(_mask_digit_runs, text), digests)
+    return mask_recorded(_MASKABLE.sub(_mask_digit_runs, text), recorded)
 
 
 def mask_copied(text: str) -> str:
@@ -164,19 +183,19 @@ def _mask_digit_runs(match: re.Match[str]) -> str:
     return _DIGITS.sub(lambda m: _keep_length(m.group()), word)
 
 
-def mask_recorded(text: str, digests: set[str] | None) -> str:
-    """Mask only the words whose sha256 is a recorded secret (``digests``), any length:
-    for a whole error text, whose ids and fences keep their digits."""
+def mask_recorded(text: str, recorded: Recorded | None) -> str:
+    """Mask only the words that are a ``recorded`` secret, any length: for a whole error
+    text, whose ids and fences keep their digits."""
 
     def hide(match: re.Match[str]) -> str:
         word = match.group()
         core = word.strip(".-~%")  # "QXKZTR." at the end of a sentence is the code QXKZTR
         for candidate in dict.fromkeys((word, core)):
-            if candidate and digest(candidate)[0] in (digests or ()):
+            if candidate and recorded is not None and candidate in recorded:
                 return word.replace(candidate, _keep_length(candidate))
         return word
 
-    return _SECRET_WORD.sub(hide, text) if digests else text
+    return _SECRET_WORD.sub(hide, text) if recorded else text
 
 
 #: The links and codes this process extracted lately, to mask wherever an error, a

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from filelock import FileLock
 
 from pytest_mailbox.contract import Checkpoint, CloseReason, Status
+from pytest_mailbox.message import digest
 
 __all__ = [
     "Delivery",
@@ -148,6 +149,7 @@ CREATE TABLE IF NOT EXISTS secrets (
     PRIMARY KEY (message_id, kind, sha256)
 );
 CREATE INDEX IF NOT EXISTS secrets_mailbox ON secrets (mailbox_id);
+CREATE TABLE IF NOT EXISTS keys (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 
 #: What a receipt is made of, read by mailbox id: one by one (``Store.messages`` …), or
@@ -351,6 +353,11 @@ class Store:
                 (events,) = tx.one("SELECT sql FROM sqlite_master WHERE name = 'events'") or ("",)
                 if "WITHOUT ROWID" not in events.upper():  # its ids, store-wide, keep the order
                     tx.executescript_in_tx(_EVENTS_V1_TO_V2)
+                # The key of the secrets' digests: random, the same for every process.
+                key = secrets.token_bytes(32)
+                tx.run("INSERT OR IGNORE INTO keys VALUES ('digest', ?)", (key,))
+                kept = tx.one("SELECT value FROM keys WHERE name = 'digest'")
+                self._digest_key: bytes = kept[0] if kept is not None else key
 
     # -- connections and transactions -------------------------------------------------
 
@@ -779,6 +786,12 @@ class Store:
                 f"{stage} answered {fault['reply'][:3]} ({used} of {fault['times']})",
             )
             return str(fault["reply"])
+
+    def digest(self, value: str) -> tuple[str, str]:
+        """The digest and last two characters a receipt shows for ``value``: HMAC-SHA256
+        under this store's random key, so a test can check a value it knows, and a reader
+        of the receipt, without the store, cannot try candidates."""
+        return digest(value, self._digest_key)
 
     def record_secret(
         self, mailbox_id: str, message_id: str, kind: str, sha256: str, last2: str, host: str | None
