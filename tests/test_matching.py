@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import smtplib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -794,6 +795,34 @@ def test_errors_and_the_timeline_mask_an_extracted_secret_inside_a_pattern_or_a_
         assert "QXKZTR" not in text
         assert "Zk3Pq9Wm2Lx" not in text
     assert "body_contains='••••TR'" in receipt  # the waiting step, as the store keeps it
+
+
+def test_errors_and_the_timeline_mask_a_token_the_test_got_from_its_app(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    token = "HTOnEmKT6XHqx8eV6XLjCg"  # secrets.token_urlsafe(16), never extracted here
+    link = f"https://app.example.test/verify?token={token}&next=home"
+    send(mailbox_server, mail(isolated_mailbox.address, "Verify", text=f"Open {link}\n"))
+
+    caught = []
+    for selector in [
+        {"body_contains": token, "subject": "Other"},
+        {"body_contains": link + "x"},  # one character off: a near miss that quotes it
+        {"body_regex": re.escape(link) + "x"},
+        {"body_contains": "550e8400-e29b-41d4-a716-446655440000"},  # a UUID as token
+    ]:
+        with pytest.raises(WaitTimeout) as timed_out:
+            isolated_mailbox.wait_for(timeout=0.01, **selector)
+        caught.append(str(timed_out.value))
+    receipt = dump_receipt(isolated_mailbox.receipt())
+
+    for text in [*caught, receipt]:
+        assert token not in text
+        assert "446655440000" not in text
+    assert "body_contains='••••••••••••••••••••Cg'" in receipt
+    assert "body does not contain 'https://app.example.test/…?token=…&next=…'" in caught[1]
+    assert "subject is not 'Other'" in caught[0]  # words stay readable
+    assert f"run {isolated_mailbox.run_id}" in caught[0]  # so do the plugin's ids
 
 
 def test_a_short_code_is_masked_in_its_own_mailboxs_errors(

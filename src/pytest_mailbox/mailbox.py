@@ -103,8 +103,8 @@ def _describe(selector: Selector) -> str:
 
 
 def _quoted(value: str) -> str:
-    """A selector value quoted in a near-miss reason, digit runs masked as ``_describe`` does."""
-    return mask_secrets(repr(value))
+    """A selector value quoted in a near-miss reason, masked as ``_describe`` masks it."""
+    return mask_copied(repr(value))
 
 
 def _similar(alias: str, mine: str) -> bool:
@@ -561,13 +561,13 @@ class Mailbox:
         if selector.subject_contains is not None and selector.subject_contains not in subject:
             return f"subject does not contain {_quoted(selector.subject_contains)}"
         if selector.subject_regex is not None and not re.search(selector.subject_regex, subject):
-            return f"subject does not match /{mask_secrets(selector.subject_regex)}/"
+            return f"subject does not match /{mask_copied(selector.subject_regex)}/"
         if selector.sender is not None:
             wanted = selector.sender.lower()
             parsed = self._parsed_message(row)
             if wanted not in (parsed.sender.lower(), row.mail_from.lower()):
                 sent = mask_secrets(parsed.sender or row.mail_from)
-                return f"sender {sent} is not {mask_secrets(selector.sender)}"
+                return f"sender {sent} is not {mask_copied(selector.sender)}"
         if selector.header is not None:
             name, value = selector.header
             found = self._parsed_message(row).header(name)
@@ -585,7 +585,7 @@ class Mailbox:
             if selector.body_regex is not None and not (
                 re.search(selector.body_regex, body) or re.search(selector.body_regex, html)
             ):
-                return f"body does not match /{mask_secrets(selector.body_regex)}/"
+                return f"body does not match /{mask_copied(selector.body_regex)}/"
         return None
 
     def _timeout_text(

@@ -61,6 +61,17 @@ _WHEN = (
 _MASKABLE = re.compile(f"(?P<when>{_WHEN})|[^\\W_]+")
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
+#: What looks like a token in a selector value: 16+ word characters mixing upper- and
+#: lower-case letters and digits (``secrets.token_urlsafe``), 32+ hex digits, or a UUID.
+#: The plugin's own ids (``r-44b17272f90f98a``) are lower-case, and shorter.
+_TOKENISH = re.compile(
+    r"(?<![\w-])(?:"
+    r"(?=[\w-]*[A-Z])(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{16,}"
+    r"|[0-9A-Fa-f]{32,}"
+    r"|[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}"
+    r")(?![\w-])",
+    re.ASCII,
+)
 #: What it hides when its digest is a recorded secret: a code or token, any length.
 _SECRET_WORD = re.compile(r"[\w\-.~%]+")
 _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
@@ -169,9 +180,20 @@ def mask_secrets(text: str, recorded: Recorded | None = None) -> str:
 
 
 def mask_copied(text: str) -> str:
-    """Mask what a test may have copied from a message into a selector: digit runs, and
+    """Mask what a test may have copied from a message, or from its app, into a selector:
+    links (redacted as ``redact_url`` does), words that look like tokens, digit runs, and
     what this process extracted lately (a code it waits for, a token out of a link)."""
+    text = _URL_IN_TEXT.sub(_redacted_link, text)
+    text = _TOKENISH.sub(lambda match: _keep_length(match.group()), text)
     return mask_extracted(mask_secrets(text))
+
+
+def _redacted_link(match: re.Match[str]) -> str:
+    found = match.group()
+    if "\\" in found:  # a pattern's escaped link (``verify\?token=``): its tokens are words
+        return found
+    url = _trim_url(found)
+    return redact_url(url) + found[len(url) :]
 
 
 def _mask_digit_runs(match: re.Match[str]) -> str:
