@@ -17,6 +17,7 @@ from pytest_mailbox import (
     AmbiguousMatch,
     ContractError,
     EmailContract,
+    ExtractionError,
     Mailbox,
     MailboxClosed,
     MailSink,
@@ -946,3 +947,30 @@ def test_the_receipt_masks_short_codes_and_the_selector_the_run_waited_with(
     assert [m.subject for m in receipt.messages] == ["Code •••2X, PIN ••23"]
     waiting = [e.detail for e in receipt.events if e.status == "waiting"]
     assert waiting == ["subject='Code •••2X, PIN ••23'"]  # the selector, masked the same way
+
+
+# -- link_domains --------------------------------------------------------------------------
+
+
+@pytest.mark.email_contract(link_domains=["app.example.test", "cdn.example.test"])
+def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    verify = "https://app.example.test/verify?token=Zk3Pq9Wm2Lx"
+    text = f"Open {verify}\nHelp: https://www.example.org/help\n"
+    send(mailbox_server, mail(isolated_mailbox.address, "One", text=text))
+    one = isolated_mailbox.wait_for(subject="One", timeout=5)
+
+    assert one.link() == verify  # the link elsewhere is no candidate
+    ((secret,),) = [m.secrets for m in isolated_mailbox.receipt().messages]
+    assert (secret.kind, secret.host) == ("link", "app.example.test")
+    with pytest.raises(ContractError, match=r"link domain 'www\.example\.org' is not allowed"):
+        one.link(domain="www.example.org")
+
+    two = "https://app.example.test/a https://cdn.example.test/b https://www.example.org/c\n"
+    send(mailbox_server, mail(isolated_mailbox.address, "Two", text=two))
+    with pytest.raises(ExtractionError) as several:
+        isolated_mailbox.wait_for(subject="Two", timeout=5).link()
+    assert str(several.value).startswith(
+        "2 distinct links on app.example.test, cdn.example.test (email_contract link_domains)"
+    )

@@ -159,11 +159,16 @@ class ClaimedMessage(Message):
         )
 
     def link(self, domain: str | None = None) -> str:
+        """The one distinct link on ``domain``; with the contract's ``link_domains`` and no
+        ``domain``, the one link on any of them (links elsewhere are not candidates)."""
         allowed = self.mailbox.contract.link_domains
-        if allowed and (domain is None or normalize_domain(domain) not in allowed):
+        if allowed and domain is None:
+            where = f" on {', '.join(allowed)} (email_contract link_domains)"
+            return self._one_link(self._links_on(set(allowed)), where, "pass domain=")
+        if allowed and normalize_domain(domain or "") not in allowed:
             msg = (
                 f"link domain {domain!r} is not allowed by email_contract "
-                f"link_domains={list(allowed)}; pass one of them as domain="
+                f"link_domains={list(allowed)}; pass one of them as domain=, or none"
             )
             raise ContractError(msg)
         return super().link(domain)

@@ -725,15 +725,22 @@ class Message:
 
     def link(self, domain: str | None = None) -> str:
         """The one distinct link on ``domain`` (any host if None); ExtractionError otherwise."""
-        found = self._links
         if domain is None:
-            where, candidates = "", list(found)
-        else:
-            wanted = _host(domain.strip() if "://" in domain else f"http://{domain.strip()}")
-            if not wanted:
-                msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
-                raise ExtractionError(msg, result={"message_id": self.message_id})
-            where, candidates = f" on {wanted}", [u for u in found if _host(u) == wanted]
+            return self._one_link(list(self._links), "", "pass a narrower domain=")
+        wanted = _host(domain.strip() if "://" in domain else f"http://{domain.strip()}")
+        if not wanted:
+            msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
+            raise ExtractionError(msg, result={"message_id": self.message_id})
+        return self._one_link(
+            self._links_on({wanted}), f" on {wanted}", "the domain alone is ambiguous"
+        )
+
+    def _links_on(self, hosts: set[str]) -> list[str]:
+        return [u for u in self._links if _host(u) in hosts]
+
+    def _one_link(self, candidates: list[str], where: str, hint: str) -> str:
+        """The one link among ``candidates`` (recorded as a secret), or why there is none."""
+        found = self._links
         result: dict[str, Any] = {
             "message_id": self.message_id,
             "kind": "link",
@@ -752,7 +759,6 @@ class Message:
         shown = ", ".join(redact_url(u) for u in candidates[:_MAX_LISTED])
         if len(candidates) > _MAX_LISTED:
             shown += f", … and {len(candidates) - _MAX_LISTED} more"
-        hint = "pass a narrower domain=" if domain is None else "the domain alone is ambiguous"
         msg = (
             f"{len(candidates)} distinct links{where} in message {self._label}, expected "
             f"exactly one: {shown}; {hint}, or choose from message.links()"
