@@ -18,7 +18,7 @@ from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
 
 from pytest_mailbox import store as store_module
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
-from pytest_mailbox.errors import ContractError, MailboxClosed
+from pytest_mailbox.errors import ContractError, LeaseExpired, MailboxClosed
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
 from pytest_mailbox.store import _OPEN, SWEEP_EVERY, Delivery, MailboxRow, MessageRow, Store
 
@@ -450,7 +450,9 @@ def test_a_second_release_is_refused_like_any_call_on_a_closed_mailbox(
     assert mailbox.release().status is Status.RELEASED
     before = snapshot(db)
 
-    with pytest.raises(MailboxClosed, match="is released; reserve a new one") as refused:
+    with pytest.raises(
+        MailboxClosed, match=r"released: mailbox .* was released \(released_success\)"
+    ) as refused:
         mailbox.release(CloseReason.RELEASED_ERROR)
 
     assert refused.value.status is Status.RELEASED
@@ -622,6 +624,41 @@ def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
     ]
     assert [(s["message_id"], s["kind"]) for s in history.secrets] == [(message_id, "link")]
     assert store.history("mbx-unknown") == (None, [], [], [])
+
+
+def test_refusals_after_a_claim_say_why_and_what_to_do(store: Store, clock: Clock) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    claimed = mailbox.wait_for(subject="Verify your account")
+    clock.advance(CONTRACT.lease + 0.5)
+
+    with pytest.raises(LeaseExpired) as lapsed:
+        claimed.ack()
+    mailbox.release()
+    with pytest.raises(MailboxClosed) as released:
+        claimed.renew()
+    overdue = reserve_mailbox(store, run_id="r-overdue")
+    clock.advance(CONTRACT.ttl)
+    with pytest.raises(MailboxClosed) as expired:
+        overdue.wait_for(timeout=0)
+
+    assert claimed.lease_until is not None
+    ended = f"{claimed.lease_until:%H:%M:%S.%f}"[:-3]
+    assert str(lapsed.value) == (
+        f"ack {claimed.message_id}: lease_expired; its lease ended 0.5s ago, at {ended} UTC: "
+        "ack or renew() it while the lease lasts, or claim with a longer lease (lease=, "
+        "email_contract lease=30)"
+    )
+    assert str(released.value) == (
+        f"renew {claimed.message_id}: released; mailbox {mailbox.address} (test t::test) was "
+        "released (released_success), and refuses every call after that: a mailbox serves "
+        "one test, and each test gets its own isolated_mailbox"
+    )
+    assert str(expired.value) == (
+        f"expired: mailbox {overdue.address} (test t::test) outlived its ttl of 120s "
+        f"(email_contract ttl), at {overdue.expires_at:%H:%M:%S.%f}"[:-3]
+        + " UTC; raise ttl"
+    )
 
 
 def test_a_codes_digest_in_a_receipt_cannot_be_found_by_trying_every_code(

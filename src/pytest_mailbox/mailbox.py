@@ -112,16 +112,9 @@ def _similar(alias: str, mine: str) -> bool:
     return mine in alias or alias in mine or SequenceMatcher(None, alias, mine).ratio() >= 0.8
 
 
-def _raise_for(outcome: Outcome, what: str) -> Outcome:
-    """Return a successful outcome; raise the typed exception of a failed one."""
-    if outcome.status in (Status.CLAIMED, Status.CONSUMED, Status.WAITING):
-        return outcome
-    detail = f": {outcome.detail}" if outcome.detail else ""
-    message = f"{what}: {outcome.status.value}{detail}"
-    error = _EXCEPTIONS.get(outcome.status)
-    if error is None:
-        raise MailboxClosed(message, status=outcome.status, result=outcome.as_dict())
-    raise error(message, result=outcome.as_dict())
+def _clock(ts: float) -> str:
+    """``16:30:05.250 UTC``: a moment in an error, to set beside the timeline's."""
+    return f"{utc(ts):%H:%M:%S.%f}"[:-3] + " UTC"
 
 
 _T = TypeVar("_T")
@@ -175,14 +168,17 @@ class ClaimedMessage(Message):
 
     def ack(self) -> None:
         """Consume the message: refused if the lease expired or a newer holder exists."""
+        __tracebackhide__ = True
         self.mailbox.ack(self.message_id, self.fence)
 
     def release(self) -> None:
         """Give the message back unconsumed, so it can be claimed again."""
+        __tracebackhide__ = True
         self.mailbox.release_claim(self.message_id, self.fence)
 
     def renew(self, lease: float | None = None) -> None:
         """Extend the lease under the same fence."""
+        __tracebackhide__ = True
         outcome = self.mailbox.renew(self.message_id, self.fence, lease)
         if outcome.lease_until is not None:
             self.lease_until = utc(outcome.lease_until)
@@ -483,13 +479,55 @@ class Mailbox:
             self.store.mark(self.mailbox_id, self.fence, Status.WAITING, _describe(selector))
 
     def _ensure_open(self) -> None:
+        __tracebackhide__ = True
         row = self.store.mailbox(self.mailbox_id)
         if row is None or not row.active or row.fence != self.fence:
             state = Status(row.state) if row is not None and not row.active else Status.EXPIRED
             if row is not None and row.active:
                 state = Status.FENCE_MISMATCH
-            msg = f"mailbox {self.address} is {state.value}; reserve a new one to go on"
+            reason = row.close_reason if row is not None else None
+            msg = f"{state.value}: {self._closed(state, reason)}"
             raise MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
+
+    def _raise_for(self, outcome: Outcome, what: str) -> Outcome:
+        """Return a successful outcome; raise the typed exception of a failed one, with why
+        and what to do."""
+        __tracebackhide__ = True
+        if outcome.status in (Status.CLAIMED, Status.CONSUMED, Status.WAITING):
+            return outcome
+        detail = f": {outcome.detail}" if outcome.detail else ""
+        message = f"{what}: {outcome.status.value}{detail}"
+        if outcome.status in (Status.RELEASED, Status.EXPIRED):
+            message = (
+                f"{what}: {outcome.status.value}; {self._closed(outcome.status, outcome.detail)}"
+            )
+        elif outcome.status is Status.LEASE_EXPIRED and outcome.lease_until is not None:
+            ago = self.store.clock() - outcome.lease_until
+            message += (
+                f"; its lease ended {ago:.3g}s ago, at {_clock(outcome.lease_until)}: ack or "
+                f"renew() it while the lease lasts, or claim with a longer lease "
+                f"(lease=, email_contract lease={self.contract.lease:g})"
+            )
+        error = _EXCEPTIONS.get(outcome.status)
+        if error is None:
+            raise MailboxClosed(message, status=outcome.status, result=outcome.as_dict())
+        raise error(message, result=outcome.as_dict())
+
+    def _closed(self, state: Status, reason: str | None) -> str:
+        """Why a closed mailbox refuses, and what to do instead."""
+        test = f" (test {self.nodeid})" if self.nodeid else ""
+        if state is Status.EXPIRED:
+            return (
+                f"mailbox {self.address}{test} outlived its ttl of {self.contract.ttl:g}s "
+                f"(email_contract ttl), at {_clock(self._row.expires_at)}; raise ttl"
+            )
+        if state is Status.RELEASED:
+            return (
+                f"mailbox {self.address}{test} was released ({reason or 'released'}), and "
+                "refuses every call after that: a mailbox serves one test, and each test "
+                "gets its own isolated_mailbox"
+            )
+        return "another handle reserved it again; use the mailbox reserve() returned last"
 
     # -- matching ----------------------------------------------------------------------
 
@@ -643,6 +681,7 @@ class Mailbox:
         Without ``message_id`` this is ``wait_for`` (wait, then claim); with it, the message
         is claimed at once, or the refusal raised as its typed error.
         """
+        __tracebackhide__ = True
         if message_id is None:
             return self.wait_for(timeout=timeout, lease=lease, **selector)
         if selector or timeout is not None:
@@ -653,26 +692,29 @@ class Mailbox:
         if row is None or row.mailbox_id != self.mailbox_id:
             msg = f"{message_id} is not a message of {self.address}"
             raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
-        outcome = _raise_for(self._claim(row, lease), f"claim {message_id}")
+        outcome = self._raise_for(self._claim(row, lease), f"claim {message_id}")
         return ClaimedMessage(outcome.raw or b"", row, self, outcome)
 
     def ack(self, message_id: str, fence: int) -> Outcome:
         """Consume a claimed message; refused (typed error) for a stale fence or lease."""
-        return _raise_for(
+        __tracebackhide__ = True
+        return self._raise_for(
             self.store.ack(message_id, fence, mailbox=self._handle), f"ack {message_id}"
         )
 
     def renew(self, message_id: str, fence: int, lease: float | None = None) -> Outcome:
         """Extend a live lease under the same fence."""
+        __tracebackhide__ = True
         _seconds("renew", "lease", lease)
         lease = self.contract.lease if lease is None else lease
-        return _raise_for(
+        return self._raise_for(
             self.store.renew(message_id, fence, lease, mailbox=self._handle), f"renew {message_id}"
         )
 
     def release_claim(self, message_id: str, fence: int) -> Outcome:
         """Return a claimed message to ``waiting``."""
-        return _raise_for(
+        __tracebackhide__ = True
+        return self._raise_for(
             self.store.release_claim(message_id, fence, mailbox=self._handle),
             f"release {message_id}",
         )
@@ -680,10 +722,11 @@ class Mailbox:
     def release(self, reason: CloseReason = CloseReason.RELEASED_SUCCESS) -> Outcome:
         """End the reservation; every later operation on it is refused, a second release
         too (``MailboxClosed``, as every other call on a closed mailbox)."""
+        __tracebackhide__ = True
         self._ensure_open()
         outcome = self.store.release(self.mailbox_id, self.fence, reason)
         if outcome.status is not Status.RELEASED:  # expired or re-fenced since the check
-            _raise_for(outcome, "release")
+            self._raise_for(outcome, "release")
         return outcome
 
     def inject_fault(
@@ -711,7 +754,7 @@ class Mailbox:
             self.mailbox_id, self.fence, stage=stage, reply=reply, times=times
         )
         if refused is not None:
-            _raise_for(refused, "inject_fault")
+            self._raise_for(refused, "inject_fault")
 
     def close(self, *, success: bool) -> Receipt:
         """Teardown: ack (on success) or give back (on failure) live claims, release, receipt.
