@@ -798,6 +798,22 @@ def test_errors_and_the_timeline_mask_an_extracted_secret_inside_a_pattern_or_a_
     assert "body_contains='••••TR'" in receipt  # the waiting step, as the store keeps it
 
 
+def test_a_timeout_with_no_mail_at_all_asks_where_the_app_sends(
+    isolated_mailbox: Mailbox,
+) -> None:
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    first, second = str(timed_out.value).splitlines()
+    assert first.startswith(f"no message for {isolated_mailbox.address} matched subject=")
+    assert second == (
+        "no mail arrived for this mailbox or any unknown alias of its domain: is the app "
+        "sending to the sink (mailbox_server.host and .port, or .settings) and to this "
+        "address? A framework's test set-up may swap in a backend that sends nothing "
+        "(Django's locmem, Flask-Mail's MAIL_SUPPRESS_SEND): see Recipes"
+    )
+
+
 def test_errors_and_the_timeline_mask_a_token_the_test_got_from_its_app(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

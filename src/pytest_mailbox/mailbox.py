@@ -646,7 +646,12 @@ class Mailbox:
         ]
         near = misses + unrouted
         if not near:
-            lines.append("no mail arrived for this mailbox or any unknown alias of its domain")
+            lines.append(
+                "no mail arrived for this mailbox or any unknown alias of its domain: is the "
+                "app sending to the sink (mailbox_server.host and .port, or .settings) and to "
+                "this address? A framework's test set-up may swap in a backend that sends "
+                "nothing (Django's locmem, Flask-Mail's MAIL_SUPPRESS_SEND): see Recipes"
+            )
         else:
             lines.append(f"near misses ({len(near)}):")
             lines.extend(
