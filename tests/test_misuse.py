@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from pytest_mailbox import EmailContract
 from pytest_mailbox.settings import OPTIONS, Option, Settings
 
 #: One invalid value per setting, and what the refusal must say it allows.
 BAD: dict[str, tuple[str, str]] = {
     "domain": ("not a domain", "a domain name"),
-    "allowed_domains": ("ex!ample.test", "domain names separated by commas or spaces"),
+    "allowed_domains": (
+        "ex!ample.test",
+        "domain names separated by commas or spaces, or a TOML list of them",
+    ),
     "host": ("mail.example.test", "an IP address, or localhost"),
     "port": ("65536", "an integer 0..65535"),
     "max_message_size": ("10MB", "an integer 1024..1073741824"),
@@ -24,7 +31,10 @@ BAD: dict[str, tuple[str, str]] = {
     "max_reads": ("1001", "an integer 1..1000"),
     "max_resends": ("-1", "an integer 0..1000"),
     "mode": ("fast", "'live' or 'dry-run'"),
-    "link_domains": ("localhost:8000", "host names separated by commas or spaces"),
+    "link_domains": (
+        "localhost:8000",
+        "host names separated by commas or spaces, or a TOML list of them",
+    ),
 }
 #: Checked by the contract (not the option's parser), so the message comes from there.
 CONTRACT_CHECKED = {"purpose": ("Sign Up", "is invalid: String should match")}
@@ -347,3 +357,218 @@ def test_no_secret_reaches_logs_replies_or_reports_at_debug(
         assert CODE not in text, name
         assert TOKEN not in text, name
         assert TOKEN.lower() not in text.lower(), name
+
+
+# -- defaults that give way, -o on the command line, TOML lists ------------------------------
+
+LIMIT = "a claim cannot outlive its mailbox, lower lease or raise ttl"
+
+
+def test_option_defaults_are_the_contract_defaults() -> None:
+    # The settings pass the contract only what was given; the table must show its defaults.
+    for name in _CONTRACT_DEFAULTS:
+        option = next(o for o in OPTIONS if o.name == name)
+        assert option.parse(option.default) == EmailContract.model_fields[name].default, name
+
+
+_CONTRACT_DEFAULTS = ("purpose", "ttl", "lease", "timeout", "max_reads", "max_resends", "mode")
+
+
+def test_a_lease_nobody_gave_is_at_most_the_ttl() -> None:
+    assert EmailContract().lease == 60
+    assert EmailContract(ttl=30).lease == 30
+    assert EmailContract(ttl=30, lease=10).lease == 10
+    # Still a default: overlaid with a longer ttl, the contract leases for the minute again.
+    short = EmailContract(ttl=30)
+    assert EmailContract(**{**short.model_dump(exclude_unset=True), "ttl": 120}).lease == 60
+    with pytest.raises(ValueError, match=f"^email_contract: lease=60 exceeds ttl=30; {LIMIT}$"):
+        EmailContract(ttl=30, lease=60).check_limits(ttl_max=3600)
+
+    settings = Settings.resolve(cli={}, ini={"ttl": "20"}, env={})
+    assert (settings.contract.ttl, settings.contract.lease) == (20, 20)
+
+
+def test_a_ttl_nobody_gave_is_at_most_ttl_max() -> None:
+    settings = Settings.resolve(cli={}, ini={"ttl_max": "20"}, env={})
+    assert (settings.contract.ttl, settings.contract.lease) == (20, 20)
+    assert Settings.resolve(cli={}, ini={"ttl_max": "1000"}, env={}).contract.ttl == 300
+
+    with pytest.raises(ValueError, match="exceeds") as refused:
+        Settings.resolve(cli={}, ini={"ttl_max": "20"}, env={"PYTEST_MAILBOX_LEASE": "25"})
+    assert str(refused.value) == (
+        "settings: lease=25 (PYTEST_MAILBOX_LEASE) exceeds ttl=20 (default, capped at "
+        f"mailbox_ttl_max); {LIMIT}"
+    )
+    with pytest.raises(ValueError, match=r"^settings: ttl=300 \(ini mailbox_ttl\) exceeds "):
+        Settings.resolve(cli={}, ini={"ttl_max": "20", "ttl": "300"}, env={})
+
+
+def test_marker_ttl_below_the_default_lease_takes_a_shorter_lease(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini("[pytest]\nmailbox_ttl = 20\nmailbox_ttl_max = 600\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.email_contract(ttl=30)
+        def test_marker(email_contract, isolated_mailbox):
+            assert (email_contract.ttl, email_contract.lease) == (30, 30)
+
+        def test_ini(email_contract):
+            assert (email_contract.ttl, email_contract.lease) == (20, 20)
+
+        @pytest.mark.email_contract(ttl=120)
+        def test_longer(email_contract):
+            assert email_contract.lease == 60
+        """
+    )
+
+    pytester.runpytest("-n", "0").assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], {}, "lease=60 (ini mailbox_lease) exceeds ttl=30 (marker)"),
+        (["-o", "mailbox_lease=45"], {}, "lease=45 (-o mailbox_lease) exceeds ttl=30 (marker)"),
+        (["--mailbox-lease=45"], {}, "lease=45 (--mailbox-lease) exceeds ttl=30 (marker)"),
+        (
+            [],
+            {"PYTEST_MAILBOX_LEASE": "45"},
+            "lease=45 (PYTEST_MAILBOX_LEASE) exceeds ttl=30 (marker)",
+        ),
+    ],
+)
+def test_a_lease_given_above_the_marker_ttl_names_where_it_came_from(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    env: dict[str, str],
+    expected: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pytester.makeini("[pytest]\nmailbox_lease = 60\n")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.email_contract(ttl=30)
+        def test_short(email_contract):
+            raise AssertionError("never runs")
+
+        @pytest.mark.email_contract(ttl=10, lease=20)
+        def test_both(email_contract):
+            raise AssertionError("never runs")
+
+        @pytest.mark.email_contract(lease=700)
+        def test_default_ttl(email_contract):
+            raise AssertionError("never runs")
+        """
+    )
+
+    result = pytester.runpytest("-n", "0", *args)
+
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            f"email_contract: {expected}; {LIMIT}",
+            f"email_contract: lease=20 (marker) exceeds ttl=10 (marker); {LIMIT}",
+            f"email_contract: lease=700 (marker) exceeds ttl=300 (default); {LIMIT}",
+        ]
+    )
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_override_ini_ranks_with_the_command_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: str
+) -> None:
+    monkeypatch.setenv("PYTEST_MAILBOX_TIMEOUT", "3")
+    pytester.makeini("[pytest]\nmailbox_timeout = 5\n")
+    pytester.makepyfile(
+        """
+        import os
+
+        def test_it(email_contract):
+            assert email_contract.timeout == float(os.environ["EXPECTED"])
+        """
+    )
+    for expected, args in [
+        ("3", []),
+        ("7", ["-o", "mailbox_timeout=7"]),
+        ("7", ["--override-ini=mailbox_timeout=7"]),
+        ("8", ["-o", "mailbox_timeout=7", "-o", "mailbox_timeout=8"]),  # the last, as pytest
+        ("9", ["-o", "mailbox_timeout=7", "--mailbox-timeout=9"]),
+    ]:
+        monkeypatch.setenv("EXPECTED", expected)
+        pytester.runpytest("-n", workers, *args).assert_outcomes(passed=1)
+
+    result = pytester.runpytest("-n", workers, "-o", "mailbox_timeout=-7")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*pytest-mailbox: -o mailbox_timeout='-7' is invalid; allowed: seconds > 0"]
+    )
+
+
+def test_relative_receipts_path_from_o_is_taken_from_the_ini_directory(tmp_path: Path) -> None:
+    def receipts(**given: Any) -> Path | None:
+        return Settings.resolve(
+            **{"cli": {}, "ini": {}, "env": {}, **given}, ini_dir=tmp_path
+        ).receipts
+
+    assert receipts(override_ini=["mailbox_receipts=r.jsonl"]) == tmp_path / "r.jsonl"
+    assert receipts(ini={"receipts": "r.jsonl"}) == tmp_path / "r.jsonl"
+    assert receipts(env={"PYTEST_MAILBOX_RECEIPTS": "r.jsonl"}) == Path("r.jsonl")
+    assert receipts(cli={"receipts": "r.jsonl"}) == Path("r.jsonl")
+
+
+@pytest.mark.parametrize("table", ["tool.pytest", "tool.pytest.ini_options"])
+def test_settings_of_several_values_take_a_toml_list(pytester: pytest.Pytester, table: str) -> None:
+    pytester.makepyprojecttoml(
+        f"""
+        [{table}]
+        mailbox_link_domains = ["a.example.test", "B.example.test"]
+        mailbox_allowed_domains = ["mailbox.test", "other.test"]
+        """
+    )
+    pytester.makepyfile(
+        """
+        def test_it(email_contract, mailbox_server):
+            assert email_contract.link_domains == ("a.example.test", "b.example.test")
+            assert mailbox_server.domains == {"mailbox.test", "other.test"}
+        """
+    )
+
+    pytester.runpytest("-n", "0", "-W", "error").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        (
+            'mailbox_link_domains = ["a.example.test", 3]',
+            "ini mailbox_link_domains=['a.example.test', 3] is invalid: item 1 is int 3, not a "
+            "string; allowed: host names separated by commas or spaces, or a TOML list of them",
+        ),
+        (
+            'mailbox_allowed_domains = ["ok.test", "ex!ample.test"]',
+            "ini mailbox_allowed_domains=['ok.test', 'ex!ample.test'] is invalid; allowed: "
+            "domain names separated by commas or spaces, or a TOML list of them",
+        ),
+        (
+            "mailbox_ttl = [60]",
+            "ini mailbox_ttl=[60] is invalid; allowed: whole seconds, 1..mailbox_ttl_max",
+        ),
+    ],
+)
+def test_bad_toml_list_is_refused_naming_the_setting(
+    pytester: pytest.Pytester, toml: str, expected: str
+) -> None:
+    pytester.makepyprojecttoml(f"[tool.pytest]\n{toml}\n")
+    pytester.makepyfile("def test_it(): pass")
+
+    result = pytester.runpytest("-n", "0")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: pytest-mailbox: {expected}"])

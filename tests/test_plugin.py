@@ -233,14 +233,14 @@ def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> 
         ),
         (
             "ttl=7200",
-            "email_contract: ttl=7200 exceeds mailbox_ttl_max=3600; "
+            "email_contract: ttl=7200 (marker) exceeds mailbox_ttl_max=3600 (default); "
             "lower ttl or raise mailbox_ttl_max (the ini key, --mailbox-ttl-max or "
             "PYTEST_MAILBOX_TTL_MAX)",
         ),
         (
             "ttl=10, lease=20",
-            "email_contract: lease=20 exceeds ttl=10; a claim cannot outlive its mailbox, "
-            "lower lease or raise ttl",
+            "email_contract: lease=20 (marker) exceeds ttl=10 (marker); a claim cannot outlive "
+            "its mailbox, lower lease or raise ttl",
         ),
         (
             "'signup'",
@@ -262,6 +262,69 @@ def test_bad_marker_fails_at_setup(pytester: pytest.Pytester, marker: str, expec
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([expected])
+    result.stdout.no_fnmatch_line("*Traceback*")
+    result.stdout.no_fnmatch_line("*never runs*")
+
+
+MARKER_ONLY_SUITE = """
+import pytest
+
+
+@pytest.mark.email_contract(purpse="signup")
+def test_typo():
+    raise AssertionError("never runs")
+
+
+@pytest.mark.email_contract(ttl=7200)
+class TestClass:
+    def test_inherits(self):
+        raise AssertionError("never runs")
+
+
+@pytest.mark.email_contract("signup")
+def test_positional():
+    raise AssertionError("never runs")
+
+
+@pytest.mark.skip(reason="not today")
+@pytest.mark.email_contract(purpse="signup")
+def test_skipped():
+    raise AssertionError("never runs")
+
+
+@pytest.mark.xfail(reason="known")
+@pytest.mark.email_contract(purpse="signup")
+def test_xfail():
+    raise AssertionError("never runs")
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=60)
+def test_valid():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_bad_marker_errors_a_test_without_the_fixture(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A typo in the marker is an error at setup whether or not the test asks for
+    ``isolated_mailbox``; skip and xfail marks keep their meaning, as with the fixture."""
+    pytester.makepyfile(test_markers=MARKER_ONLY_SUITE)
+    result = pytester.runpytest("-n", workers, "-rA")
+    result.assert_outcomes(passed=1, skipped=1, xfailed=1, errors=3)
+    for line in (  # in the order the reports come: under xdist, any
+        "email_contract: unknown field 'purpse'; allowed fields: purpose, ttl, lease, "
+        "timeout, max_reads, max_resends, mode, link_domains, run_header",
+        "email_contract: ttl=7200* exceeds mailbox_ttl_max=3600*; lower ttl or raise "
+        "mailbox_ttl_max (the ini key, --mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX)",
+        "email_contract takes keyword arguments only, "
+        "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+        "ERROR *::test_typo - *",
+        "ERROR *::TestClass::test_inherits - *",
+        "ERROR *::test_positional - *",
+    ):
+        result.stdout.fnmatch_lines([line])
     result.stdout.no_fnmatch_line("*Traceback*")
     result.stdout.no_fnmatch_line("*never runs*")
 
@@ -323,10 +386,10 @@ def test_marker_overlays_ini_defaults(pytester: pytest.Pytester) -> None:
         ),
         (
             [],
-            "mailbox_ttl = 30",
+            "mailbox_ttl = 30\nmailbox_lease = 60",
             {},
-            "pytest-mailbox: settings: lease=60 (default) exceeds ttl=30 (ini mailbox_ttl); "
-            "a claim cannot outlive its mailbox*",
+            "pytest-mailbox: settings: lease=60 (ini mailbox_lease) exceeds ttl=30 "
+            "(ini mailbox_ttl); a claim cannot outlive its mailbox*",
         ),
         (
             ["--mailbox-purpose=Sign Up"],
@@ -657,6 +720,174 @@ def test_no_secret_reaches_any_output(pytester: pytest.Pytester, workers: str) -
         assert len(kinds["code"].sha256) == 64
 
 
+MASKED_SUITE = """
+import logging
+
+import pytest
+
+CODE = "103853"
+PIN = "QZ7W"  # shorter than the process remembers: masked by its own mailbox only
+LINK = "https://shop.example.test/verify?token=QqTc9vR2xLp7WmZk"
+
+
+@pytest.fixture
+def extracted(isolated_mailbox, send):
+    send(isolated_mailbox.address, body=f"Code {CODE}. PIN {PIN}. Open {LINK}")
+    msg = isolated_mailbox.wait_for()
+    return msg.code(), msg.link(domain="shop.example.test"), msg.code(pattern=r"PIN (\\w{4})")
+
+
+def check(link):
+    assert link.startswith("https://other.example.test")
+
+
+def test_code(extracted):
+    code = extracted[0]
+    assert code == None
+
+
+def test_link(extracted):
+    print("the app sent", extracted[1])
+    logging.getLogger("app").warning("verification link %s", extracted[1])
+    check(extracted[1])
+
+
+def test_chained(extracted):
+    try:
+        int(extracted[1])
+    except ValueError as exc:
+        raise RuntimeError("not a number") from exc
+
+
+def test_fail_without_traceback(extracted):
+    pytest.fail(f"the app refused {extracted[0]}", pytrace=False)
+
+
+def test_skip(extracted):
+    pytest.skip(f"no use for {extracted[0]}")
+
+
+def test_xfail(extracted):
+    pytest.xfail(f"slow with {extracted[0]}")
+
+
+@pytest.fixture
+def broken_setup(extracted):
+    raise RuntimeError(f"setup saw {extracted[1]}")
+
+
+def test_setup(broken_setup):
+    pass
+
+
+@pytest.fixture
+def broken_teardown(extracted):
+    yield
+    raise RuntimeError(f"teardown saw {extracted[2]}")
+
+
+def test_teardown(broken_teardown):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("workers", "tb"), [("0", "long"), ("2", "long"), ("0", "native"), ("2", "native")]
+)
+def test_a_failure_report_masks_what_the_test_extracted(
+    pytester: pytest.Pytester, workers: str, tb: str
+) -> None:
+    """Traceback lines, arguments, locals, the crash message (short summary, JUnit),
+    captured output, skip and xfail reasons, in every phase: each shows the mask."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_masked=MASKED_SUITE)
+    result = pytester.runpytest(
+        "-n", workers, f"--tb={tb}", "--showlocals", "-rA", "--junitxml=junit.xml"
+    )
+    result.assert_outcomes(failed=4, passed=1, skipped=1, xfailed=1, errors=2)
+    link = "•" * 53 + "Zk"
+    shown = [
+        "*AssertionError: assert '••••53' == None",
+        "the app sent " + link,
+        "WARNING  app:* verification link " + link,
+        "the app refused ••••53",
+        "*RuntimeError: setup saw " + link,
+        "*RuntimeError: teardown saw ••7W",
+        "SKIPPED [[]1[]] *: no use for ••••53",
+        "XFAIL *::test_xfail - slow with ••••53",
+        "FAILED *::test_code - AssertionError: assert '••••53'*",
+    ]
+    if tb == "long":  # locals and arguments: --tb=native shows neither
+        shown[1:1] = ["code * = '••••53'", f"link = '{link}'", f"E * = '{link}'.startswith"]
+    for line in shown:  # in no particular order: errors come before failures
+        result.stdout.fnmatch_lines([line])
+    junit = (pytester.path / "junit.xml").read_text()
+    failures = {
+        case.get("name"): case.find("failure")
+        for case in ET.fromstring(junit).iter("testcase")
+        if case.find("failure") is not None
+    }
+    assert failures["test_code"].get("message") == "AssertionError: assert '••••53' == None"
+    assert f"{link}'.startswith" in (failures["test_link"].text or "")
+    for text in ("\n".join(result.outlines + result.errlines), junit):
+        for secret in ("103853", "QZ7W", "QqTc9vR2xLp7WmZk", "https://shop.example.test/"):
+            assert secret not in text
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_passing_tests_report_is_left_as_it_is(pytester: pytest.Pytester, workers: str) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_it(isolated_mailbox, send):
+            send(isolated_mailbox.address, body="Code 551207")
+            print("the code is", isolated_mailbox.wait_for().code())
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-rP")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*- Captured stdout call -*", "the code is 551207"])
+
+
+NOTHING_EXTRACTED_CONFTEST = """
+from pathlib import Path
+
+import pytest_mailbox.plugin
+
+
+def _mask_report(report, values):
+    with Path("masked.txt").open("a") as out:
+        out.write(f"{report.nodeid} {sorted(values)}\\n")
+
+
+pytest_mailbox.plugin._mask_report = _mask_report
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_process_that_extracted_nothing_masks_nothing(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """No work for a failure when nothing was extracted (a fresh process: pytester's
+    in-process runs share this one's memory of what its tests extracted)."""
+    pytester.makeconftest(SENDER_CONFTEST + NOTHING_EXTRACTED_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_waits(isolated_mailbox, send):
+            send(isolated_mailbox.address, body="Code 551207")
+            assert isolated_mailbox.wait_for().text == "551207"
+
+
+        def test_plain():
+            assert "551207" == None
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:asyncio", "-n", workers)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["E * assert '551207' == None"], consecutive=False)
+    assert not (pytester.path / "masked.txt").exists()
+
+
 def test_receipts_cli_prints_a_table(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(test_suite=USER_SUITE)
@@ -863,10 +1094,14 @@ def test_a_run_without_mailbox_tests_never_imports_the_sink(
     pytester.makeconftest(NO_MAIL_CONFTEST)
     pytester.makepyfile(
         test_plain="""
+        import pytest
+
+
         def test_one(email_contract):  # the contract alone needs no sink
             assert email_contract.purpose
 
 
+        @pytest.mark.email_contract(purpose="plain")  # nor does checking the marker
         def test_two():
             pass
         """

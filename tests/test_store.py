@@ -626,6 +626,17 @@ def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
     assert store.history("mbx-unknown") == (None, [], [], [])
 
 
+def test_mailbox_reserve_holds_a_ttl_nobody_gave_to_ttl_max(store: Store) -> None:
+    mailbox = Mailbox.reserve(store, contract=EmailContract(), domain=DOMAIN, ttl_max=120)
+
+    row = store.mailbox(mailbox.mailbox_id)
+    assert row is not None
+    assert row.expires_at - row.created_at == 120
+    assert (mailbox.contract.ttl, mailbox.contract.lease) == (120, 60)
+    with pytest.raises(ContractError, match=r"lease=200 exceeds ttl=120"):
+        Mailbox.reserve(store, contract=EmailContract(lease=200), domain=DOMAIN, ttl_max=120)
+
+
 def test_refusals_after_a_claim_say_why_and_what_to_do(store: Store, clock: Clock) -> None:
     mailbox = reserve_mailbox(store)
     deliver(store, mailbox)

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pytest_mailbox.endpoint import host_name
 
@@ -85,6 +92,10 @@ CONTRACT_FIELDS: dict[str, str] = {
 
 #: The longest mailbox ttl, in seconds, unless ``mailbox_ttl_max`` says otherwise.
 DEFAULT_TTL_MAX = 3600
+#: A mailbox's ttl unless one is given (the settings hold it to ``mailbox_ttl_max``).
+DEFAULT_TTL = 300
+#: A claim's lease unless one is given; never more than the contract's ttl.
+DEFAULT_LEASE = 60.0
 
 
 class EmailContract(BaseModel):
@@ -93,8 +104,8 @@ class EmailContract(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
     purpose: str = Field(default="mail", pattern=_PURPOSE)
-    ttl: int = Field(default=300, gt=0)
-    lease: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    ttl: int = Field(default=DEFAULT_TTL, gt=0)
+    lease: float = Field(default=DEFAULT_LEASE, gt=0, allow_inf_nan=False)
     timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
     max_reads: int = Field(default=3, ge=1, le=1000)
     max_resends: int = Field(default=1, ge=0, le=1000)
@@ -122,6 +133,15 @@ class EmailContract(BaseModel):
                 raise ValueError(msg)
             domains.append(domain)
         return tuple(domains)
+
+    @model_validator(mode="after")
+    def _default_lease_within_ttl(self) -> EmailContract:
+        """A lease nobody gave is the default, or the ttl if that is shorter: ``ttl=30``
+        alone is valid, while an explicit lease above the ttl is refused by check_limits."""
+        if "lease" not in self.model_fields_set and self.lease > self.ttl:
+            # Still unset: a contract overlaid with another ttl takes the default again.
+            object.__setattr__(self, "lease", float(self.ttl))  # frozen: set while validating
+        return self
 
     def check_limits(
         self,

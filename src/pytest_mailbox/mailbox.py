@@ -222,8 +222,12 @@ class Mailbox:
         """Reserve (or, for the same run and purpose, find again) a mailbox.
 
         The contract is held to ``ttl_max`` (the plugin passes ``mailbox_ttl_max``) and its
-        lease to its ttl, as the plugin holds a marker: ``ContractError`` names the fix.
+        lease to its ttl, as the plugin holds a marker: ``ContractError`` names the fix. A
+        ttl nobody gave is at most ``ttl_max``, as in the plugin's settings.
         """
+        if "ttl" not in contract.model_fields_set and contract.ttl > ttl_max:
+            given = contract.model_dump(exclude_unset=True)
+            contract = EmailContract(**{**given, "ttl": ttl_max})
         try:
             contract.check_limits(ttl_max=ttl_max, source="Mailbox.reserve")
         except ValueError as exc:

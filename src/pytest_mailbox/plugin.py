@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 import types
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
+from _pytest._code.code import TerminalRepr
 from pydantic import ValidationError
 
 from pytest_mailbox.contract import (
@@ -48,6 +50,9 @@ _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
+_contract_key = pytest.StashKey[EmailContract]()  # the test's, checked at its setup
+#: The values each of the test's mailboxes extracted (live sets), until its teardown report.
+_extracted_key = pytest.StashKey["list[set[str]]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,16 +73,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "email_contract(*, purpose='mail', ttl=300, lease=60, timeout=10, max_reads=3, "
+        "email_contract(*, purpose='mail', ttl=300, lease=min(60, ttl), timeout=10, max_reads=3, "
         "max_resends=1, mode='live', link_domains=(), run_header='X-Run-Id'): "
         "the rules of this test's isolated_mailbox (defaults from the mailbox_* ini keys)",
     )
     try:
         settings = Settings.resolve(
             cli={o.name: config.getoption(f"mailbox_{o.name}") for o in OPTIONS},
-            ini={o.name: config.getini(o.ini) for o in OPTIONS},
+            ini={o.name: _ini_value(config, o.ini) for o in OPTIONS},
             ini_keys=_ini_keys(config),
             ini_dir=config.inipath.parent if config.inipath is not None else None,
+            override_ini=config.getoption("override_ini", None) or (),
         )
     except ValueError as exc:
         raise pytest.UsageError(f"pytest-mailbox: {exc}") from None
@@ -87,6 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_signal_key] = Signal()
     config.stash[_fixtures_key] = fixtures = _Fixtures(config)
     config.pluginmanager.register(fixtures.plugin(), "mailbox-fixtures")
+    config.pluginmanager.register(_MarkerCheck(settings), "mailbox-marker")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
@@ -117,6 +124,13 @@ def _ini_keys(config: pytest.Config) -> list[str]:
     """Every key of the ini file (pytest 9 keeps them in ``_inicfg``, pytest 8 in ``inicfg``)."""
     found = config.__dict__.get("_inicfg", config.__dict__.get("inicfg", {}))
     return [str(key) for key in found]
+
+
+def _ini_value(config: pytest.Config, key: str) -> object:
+    """``getini``, but a TOML list as it is: pytest 9.2 registers no type that takes both
+    a string and a list in ``[tool.pytest]`` (Settings checks which settings take one)."""
+    raw = getattr(config.__dict__.get("_inicfg", {}).get(key), "value", None)
+    return raw if isinstance(raw, list) else config.getini(key)
 
 
 def _warn_exposed(config: pytest.Config, host: str) -> None:
@@ -326,27 +340,11 @@ class _Fixtures:
     def email_contract(self) -> EmailContract:
         """This test's contract: the mailbox_* ini defaults, overlaid by its email_contract
         marker."""
-        settings = self.config.stash[_settings_key]
-        marker = self.test().get_closest_marker("email_contract")
-        if marker is None:
-            return settings.contract
-        if marker.args:
-            pytest.fail(
-                "email_contract takes keyword arguments only, "
-                "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
-                pytrace=False,
-            )
-        values = {**settings.contract.model_dump(), **dict(marker.kwargs)}
-        try:
-            contract = EmailContract(**values)
-            contract.check_limits(ttl_max=settings.ttl_max)
-        except ValidationError as exc:
-            problem = describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
-        except ValueError as exc:
-            problem = str(exc)
-        else:
-            return contract
-        pytest.fail(problem, pytrace=False)
+        item = self.test()
+        contract = item.stash.get(_contract_key, None)  # checked at setup (_MarkerCheck)
+        if contract is None:  # pragma: no cover - only with -p no:mailbox-marker
+            contract = _contract_of(item, self.config.stash[_settings_key])
+        return contract
 
     def isolated_mailbox(
         self, mailbox_server: MailSink, mailbox_store: Store, email_contract: EmailContract
@@ -366,6 +364,8 @@ class _Fixtures:
         )
         opened = item.stash.setdefault(_mailboxes_key, [])
         opened.append(mailbox)
+        # Kept past this teardown, for the masking of the test's teardown report.
+        item.stash.setdefault(_extracted_key, []).append(mailbox._extracted)
         yield mailbox
         receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
             update={"testrun_uid": config.stash[_testrun_key]}
@@ -387,19 +387,130 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_attached_key] = []
     item.stash[_failed_key] = False
     item.stash[_mailboxes_key] = []
+    item.stash[_extracted_key] = []
     item.config.stash[_fixtures_key].item = item
 
 
-@pytest.hookimpl(wrapper=True)
+def _contract_of(item: pytest.Item, settings: Settings) -> EmailContract:
+    """The test's contract: the mailbox_* ini defaults, overlaid by its closest
+    email_contract marker; an invalid marker fails the test, naming the field."""
+    marker = item.get_closest_marker("email_contract")
+    if marker is None:
+        return settings.contract
+    if marker.args:
+        pytest.fail(
+            "email_contract takes keyword arguments only, "
+            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+            pytrace=False,
+        )
+    # What the settings were given, not their defaults: ttl=30 here takes the default lease
+    # capped at 30, while an ini lease of 60 stays, and is refused naming both sources.
+    values = {**settings.contract.model_dump(exclude_unset=True), **dict(marker.kwargs)}
+    try:
+        contract = EmailContract(**values)
+        sources = {**settings.sources, **dict.fromkeys(marker.kwargs, "marker")}
+        contract.check_limits(ttl_max=settings.ttl_max, sources=sources)
+    except ValidationError as exc:
+        problem = describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        return contract
+    pytest.fail(problem, pytrace=False)
+
+
+class _MarkerCheck:
+    """Every test's email_contract marker is checked at its setup, whether the test asks for
+    the fixture or not: a typo (``purpse=``) must not pass silently.
+
+    A plugin of its own, at the default priority, so that it runs after pytest has applied
+    the skip and xfail marks (a skipped test is not checked, as its fixture would not be
+    resolved) and before any fixture is set up.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        item.stash[_contract_key] = _contract_of(item, self.settings)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after xfail has had its say
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failure shows the test's mailboxes' timelines; a report that is not a pass has
+    what the test extracted masked here, in the process that ran it, before xdist, JUnit
+    or the terminal take it."""
     report = yield
     if report.failed and report.when in ("setup", "call"):
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
+    if not report.passed:
+        values = _extracted_by(item)
+        if values:
+            _mask_report(report, values)
+    if report.when == "teardown":
+        item.stash[_extracted_key] = []  # pytest keeps the item to the end of the session
     return report
+
+
+def _extracted_by(item: pytest.Item) -> set[str]:
+    """The links and codes the test's mailboxes extracted, and what this process remembers
+    of others (only once it imported the message module: before that it extracted none)."""
+    values: set[str] = set().union(*item.stash.get(_extracted_key, []))
+    if "pytest_mailbox.message" in sys.modules:
+        from pytest_mailbox.message import _EXTRACTED  # noqa: PLC0415 - as _mask_report
+
+        values.update(_EXTRACTED)
+    return values
+
+
+def _mask_report(report: pytest.TestReport, values: set[str]) -> None:
+    """Mask ``values`` wherever a failed or skipped report would show them: its long
+    representation (source and explanation lines, arguments, locals, the crash message
+    that the short summary and JUnit take) and its captured output.
+
+    pytest's repr objects are changed in place, so that their structure (colours, ``--tb``
+    styles, xdist's serialisation, JUnit, pytest-html) stays as it was.
+    """
+    # Imported by the mailbox, if anything was extracted: a run without mail never pays.
+    from pytest_mailbox.message import mask_values  # noqa: PLC0415
+
+    shown = {*values, *(repr(value)[1:-1] for value in values)}  # as a repr escapes them
+
+    def mask(text: str) -> str:
+        return mask_values(text, shown)
+
+    longrepr = report.longrepr
+    if isinstance(longrepr, str | tuple | TerminalRepr):  # a skip's: (path, line, reason)
+        report.longrepr = _masked(longrepr, mask, set())
+    elif longrepr is not None:  # pragma: no cover - pytest makes one of the above
+        report.longrepr = mask(str(longrepr))  # what xdist would send of it
+    _masked(report.sections, mask, set())
+    wasxfail = getattr(report, "wasxfail", None)
+    if isinstance(wasxfail, str):
+        report.wasxfail = mask(wasxfail)
+
+
+def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
+    """``node`` with ``mask`` applied to all its text: lists and repr objects changed in
+    place (the ``seen`` ones once: a chain's last traceback is also the report's), strings
+    and tuples replaced."""
+    if isinstance(node, str):
+        return mask(node)
+    if isinstance(node, tuple):
+        return tuple(_masked(part, mask, seen) for part in node)
+    if isinstance(node, list | TerminalRepr) and id(node) not in seen:
+        seen.add(id(node))
+        if isinstance(node, list):
+            node[:] = [_masked(part, mask, seen) for part in node]
+        else:
+            for name, value in list(vars(node).items()):
+                if name != "style":  # "long", "short", …: read by pytest, never shown
+                    setattr(node, name, _masked(value, mask, seen))
+    return node
 
 
 class _ReceiptWriter:

@@ -1,7 +1,8 @@
 """Every setting in one table: ``--mailbox-*`` option, ini key and environment variable.
 
-Precedence: command line, then environment (``PYTEST_MAILBOX_*``), then ini, then default.
-Values are validated once; a bad one is refused with the setting's name and what it allows.
+Precedence: command line (``--mailbox-*``, then pytest's ``-o mailbox_*``), then environment
+(``PYTEST_MAILBOX_*``), then ini, then default. Values are validated once; a bad one is refused
+with the setting's name, where it came from and what it allows.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import ipaddress
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from pydantic import ValidationError
 
 from pytest_mailbox.contract import (
     CONTRACT_FIELDS,
+    DEFAULT_LEASE,
+    DEFAULT_TTL,
     DEFAULT_TTL_MAX,
     EmailContract,
     describe_validation_error,
@@ -112,6 +115,8 @@ class Option:
     default: str
     allowed: str
     parse: Callable[[str], Any]
+    #: Takes several values: separated by commas or spaces, or a TOML list of strings.
+    many: bool = False
 
     @property
     def flag(self) -> str:
@@ -138,8 +143,9 @@ OPTIONS: tuple[Option, ...] = (
         "allowed_domains",
         "Recipient domains the sink accepts (default: the domain)",
         "",
-        "domain names separated by commas or spaces",
+        "domain names separated by commas or spaces, or a TOML list of them",
         _domains,
+        many=True,
     ),
     Option(
         "host",
@@ -204,8 +210,20 @@ OPTIONS: tuple[Option, ...] = (
         CONTRACT_FIELDS["purpose"],
         str,
     ),
-    Option("ttl", "Default mailbox ttl in seconds", "300", CONTRACT_FIELDS["ttl"], _int(1, 86400)),
-    Option("lease", "Default claim lease in seconds", "60", CONTRACT_FIELDS["lease"], _number),
+    Option(
+        "ttl",
+        "Default mailbox ttl in seconds; unless given, at most mailbox_ttl_max",
+        str(DEFAULT_TTL),
+        CONTRACT_FIELDS["ttl"],
+        _int(1, 86400),
+    ),
+    Option(
+        "lease",
+        "Default claim lease in seconds; unless given, at most the ttl",
+        f"{DEFAULT_LEASE:g}",
+        CONTRACT_FIELDS["lease"],
+        _number,
+    ),
     Option(
         "timeout", "Default wait_for timeout in seconds", "10", CONTRACT_FIELDS["timeout"], _number
     ),
@@ -234,8 +252,9 @@ OPTIONS: tuple[Option, ...] = (
         "link_domains",
         "Hosts that link() may return (default: any)",
         "",
-        "host names separated by commas or spaces",
+        "host names separated by commas or spaces, or a TOML list of them",
         _domains,
+        many=True,
     ),
 )
 
@@ -266,54 +285,70 @@ class Settings:
     ttl_max: int
     receipts: Path | None
     contract: EmailContract
+    #: Where each setting came from: ``default``, ``ini mailbox_ttl``, ``-o mailbox_ttl``, …
+    sources: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @classmethod
     def resolve(
         cls,
         cli: Mapping[str, str | None],
-        ini: Mapping[str, str | None],
+        ini: Mapping[str, object],
         env: Mapping[str, str] | None = None,
         ini_keys: Iterable[str] = (),
         ini_dir: Path | None = None,
+        override_ini: Iterable[str] = (),
     ) -> Settings:
         """Overlay the sources and validate; ``ValueError`` names the setting, where its
-        value came from (``--mailbox-ttl``, ``PYTEST_MAILBOX_TTL``, ``ini mailbox_ttl``) and
-        what it allows.
+        value came from (``--mailbox-ttl``, ``-o mailbox_ttl``, ``PYTEST_MAILBOX_TTL``,
+        ``ini mailbox_ttl``) and what it allows.
 
         ``ini_keys`` are every key of the ini file: a ``mailbox_*`` key or ``PYTEST_MAILBOX_*``
         variable that is no setting (a typo) is refused rather than silently ignored.
-        ``ini_dir`` is the ini file's directory: a relative receipts path given there is
-        taken from it, as pytest takes its own ``paths`` settings.
+        ``ini_dir`` is the ini file's directory: a relative receipts path given there, or
+        with ``-o``, is taken from it, as pytest takes its own ``paths`` settings.
+        ``override_ini`` is pytest's ``-o``/``--override-ini`` list (``key=value``): pytest
+        counts it as ini, but it is typed on the command line, so it ranks with the
+        command line, below ``--mailbox-*`` only.
         """
         env = os.environ if env is None else env
         _refuse_unknown(ini_keys, env)
+        overridden = _overrides(override_ini)
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
         for option in OPTIONS:
-            text, source = option.default, "default"
+            value: object = option.default
+            source = "default"
             for candidate, where in (
                 (ini.get(option.name), f"ini {option.ini}"),
                 (env.get(option.env), option.env),
+                (overridden.get(option.ini), f"-o {option.ini}"),
                 (cli.get(option.name), option.flag),
             ):
-                if candidate not in (None, ""):
-                    text, source = str(candidate).strip(), where
-            try:
-                values[option.name] = option.parse(text)
-            except (ValueError, TypeError):
-                msg = f"{source}={text!r} is invalid; allowed: {option.allowed}"
-                raise ValueError(msg) from None
+                if candidate not in (None, "", []):
+                    value, source = candidate, where
+            values[option.name] = _parse(option, value, source)
             sources[option.name] = source
-        contract_values = {k: values.pop(k) for k in _CONTRACT_KEYS}
+        # Only what was given: the contract fills in its own defaults, and a default never
+        # collides with a smaller value given for another setting.
+        given = {k: values.pop(k) for k in _CONTRACT_KEYS}
+        given = {k: v for k, v in given.items() if sources[k] != "default"}
+        if "ttl" not in given and values["ttl_max"] < DEFAULT_TTL:
+            given["ttl"] = values["ttl_max"]
+            sources["ttl"] = "default, capped at mailbox_ttl_max"
         try:
-            contract = EmailContract(**contract_values)
+            contract = EmailContract(**given)
         except ValidationError as exc:
             raise ValueError(
                 describe_validation_error("settings", exc, CONTRACT_FIELDS, sources=sources)
             ) from None
         contract.check_limits(ttl_max=values["ttl_max"], source="settings", sources=sources)
         receipts = Path(values["receipts"]) if values["receipts"] else None
-        if receipts is not None and ini_dir is not None and sources["receipts"].startswith("ini"):
+        # From the ini file or -o: taken from the ini file's directory, as pytest's paths are.
+        if (
+            receipts is not None
+            and ini_dir is not None
+            and sources["receipts"].startswith(("ini ", "-o "))
+        ):
             receipts = ini_dir / receipts  # an absolute path stays as it is
         return cls(
             domain=values["domain"],
@@ -327,7 +362,39 @@ class Settings:
             ttl_max=values["ttl_max"],
             receipts=receipts,
             contract=contract,
+            sources=sources,
         )
+
+
+def _overrides(override_ini: Iterable[str]) -> dict[str, str]:
+    """``-o key=value`` entries by key; the last of a key counts, as in pytest."""
+    found = {}
+    for entry in override_ini:
+        key, equals, value = entry.partition("=")
+        if equals:  # pytest itself refuses an entry without one
+            found[key] = value
+    return found
+
+
+def _parse(option: Option, value: object, source: str) -> Any:
+    """One setting's value, validated; a TOML list for a setting that takes several."""
+    if isinstance(value, list) and option.many:
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                msg = (
+                    f"{source}={value!r} is invalid: item {index} is "
+                    f"{type(item).__name__} {item!r}, not a string; allowed: {option.allowed}"
+                )
+                raise ValueError(msg)
+        text = " ".join(value)
+    else:
+        text = str(value).strip()
+    try:
+        return option.parse(text)
+    except (ValueError, TypeError):
+        shown = value if isinstance(value, list) else text
+        msg = f"{source}={shown!r} is invalid; allowed: {option.allowed}"
+        raise ValueError(msg) from None
 
 
 def _refuse_unknown(ini_keys: Iterable[str], env: Mapping[str, str]) -> None:
