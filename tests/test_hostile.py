@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
 import inspect
 import logging
@@ -788,6 +789,58 @@ def test_idle_client_gets_421_and_is_disconnected(make_sink: Callable[..., MailS
 
     assert client.rest() == b"421 4.4.2 pytest-mailbox.test Error: timeout exceeded\r\n"
     client.close()
+
+
+def sessions(sink: MailSink) -> tuple[int, int]:
+    """The sink's open connections and session tasks, once its loop has run what is queued."""
+
+    async def count() -> tuple[int, int]:
+        return len(sink._transports), len(asyncio.all_tasks() - {asyncio.current_task()})
+
+    let_sink_loop_turn(sink)
+    result: tuple[int, int] = on_sink_loop(sink, count()).result(SAFETY)
+    return result
+
+
+def test_client_that_floods_and_never_reads_is_cut_off_at_the_idle_timeout(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    """A client that sends commands and never reads fills its receive window: the sink
+    waited in drain() for ever, and the close at the idle timeout waited for the replies
+    too, so the session lasted until stop()."""
+    sink = make_sink(idle_timeout=1.0)
+    mailbox = reserve(sink)
+    with socket.socket() as flooder:
+        flooder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # before the handshake
+        flooder.settimeout(SAFETY)
+        flooder.connect((sink.host, sink.port))
+        with flooder.makefile("rb") as replies:
+            assert replies.readline().startswith(b"220")
+
+        async def shrink_its_send_buffer() -> None:
+            # On loopback the kernel grows the sink's send buffer to tcp_wmem's maximum
+            # (4 MiB): half a million unread replies. A small one keeps the flood short.
+            (transport,) = sink._transports
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+        on_sink_loop(sink, shrink_its_send_buffer()).result(SAFETY)
+
+        def flood() -> None:
+            # Each send waits at most SAFETY: the sink stops reading once stuck, and only its
+            # hang-up ends the flood.
+            while True:
+                flooder.sendall(b"NOOP\r\n" * 1000)
+
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            flood()
+        with contextlib.suppress(ConnectionResetError):
+            while flooder.recv(65536):  # what the sink sent before: then EOF
+                pass
+
+    assert sessions(sink) == (0, 0)  # ended as any other session, the sink still running
+    with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+        smtp.sendmail("app@example.test", [mailbox.address], b"Subject: after\r\n\r\nhi\r\n")
+    assert [r.subject for r in rows(sink, mailbox)] == ["after"]
 
 
 def test_client_silent_mid_data_is_cut_off_and_nothing_stored(

@@ -16,11 +16,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from storekit import rows
 
+import pytest_mailbox.store as store_module
 from pytest_mailbox.sink import MailSink
 from pytest_mailbox.store import (
     WAL_CHECK_EVERY,
@@ -305,6 +307,110 @@ def test_a_writer_that_cannot_get_the_lock_gives_up_and_changes_nothing(
     assert store.messages(mailbox.mailbox_id) == []
     assert store.deliver_all([message], wait=False)  # and the same handle writes afterwards
     store.close()
+
+
+def first_pause(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when a writer of this process first pauses for a write lock held elsewhere."""
+    paused = threading.Event()
+    pauses = store_module._pauses
+
+    def signalled(*args: float) -> Iterator[None]:
+        for pause in pauses(*args):
+            paused.set()
+            yield pause
+
+    monkeypatch.setattr(store_module, "_pauses", signalled)
+    return paused
+
+
+@pytest.mark.parametrize("write", ["deliver_all", "take_fault"])
+def test_a_writer_waiting_for_the_lock_stops_when_told_and_changes_nothing(
+    store: Store, mailbox: MailboxRow, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """What a sink's writer thread does at stop(): busy_timeout (60 s) is not waited out."""
+    store.add_fault(mailbox.mailbox_id, mailbox.fence, stage="DATA", reply="451 4.3.0 x", times=1)
+    delivery = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+    message = Incoming("app@example.test", [delivery], b"Subject: s\r\n\r\nhi\r\n", "s", None)
+    give_up = threading.Event()
+    calls: dict[str, Callable[[], object]] = {
+        "deliver_all": lambda: store.deliver_all([message], give_up=give_up),
+        "take_fault": lambda: store.take_fault(
+            mailbox.alias, mailbox.domain, "DATA", give_up=give_up
+        ),
+    }
+    paused = first_pause(monkeypatch)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            calls[write]()
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    writer = threading.Thread(target=run)
+    writer.start()
+    assert paused.wait(SAFETY)  # the writer met the lock and waits for it
+
+    give_up.set()
+    writer.join(SAFETY)
+    stopped = not writer.is_alive()
+    holder.execute("ROLLBACK")
+    holder.close()
+    writer.join(SAFETY)
+
+    assert stopped
+    assert [type(exc) for exc in raised] == [StoreBusy]
+    assert store.messages(mailbox.mailbox_id) == []
+    assert store.fault_pending(mailbox.alias, mailbox.domain, "DATA") is not None  # not taken
+
+
+def test_stop_gives_up_a_message_waiting_for_another_process_and_its_client_gets_no_250(
+    store: Store, mailbox: MailboxRow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() waited for the sink's writer thread, which waited up to busy_timeout (60 s)
+    for the lock; and a message committed after its client was cut off came twice when
+    the client sent it again."""
+    paused = first_pause(monkeypatch)
+    sink = MailSink(store, domains=["mailbox.test"]).start()
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    stopping = threading.Thread(target=sink.stop)
+    try:
+        with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+            smtp.ehlo()
+            smtp.mail("app@example.test")
+            smtp.rcpt(mailbox.address)
+            assert smtp.docmd("DATA")[0] == 354
+            smtp.send(b"Subject: held\r\n\r\nhi\r\n.\r\n")
+            assert paused.wait(SAFETY)  # the sink's commit waits for the lock
+
+            stopping.start()
+            stopping.join(SAFETY)
+            stopped = not stopping.is_alive()
+            try:
+                code: int | None = smtp.getreply()[0]
+            except smtplib.SMTPServerDisconnected:
+                code = None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        sink.stop()
+        if stopping.is_alive():
+            stopping.join(SAFETY)
+
+    assert stopped  # while the other process still held the lock
+    assert code is None or 400 <= code < 500  # the client still owns the message
+    assert store.messages(mailbox.mailbox_id) == []
+    assert rows(store.path, "SELECT COUNT(*) FROM bodies") == [(0,)]  # nothing half-stored
+    # It sends the message again: stored once.
+    with (
+        MailSink(store, domains=["mailbox.test"]) as again,
+        smtplib.SMTP(again.host, again.port, timeout=SAFETY) as smtp,
+    ):
+        smtp.sendmail("app@example.test", [mailbox.address], b"Subject: held\r\n\r\nhi\r\n")
+    assert [m.subject for m in store.messages(mailbox.mailbox_id)] == ["held"]
 
 
 def _bigger_than_the_log(tmp_path: Path, limit: int) -> tuple[Store, Incoming, Path]:

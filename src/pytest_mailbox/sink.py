@@ -163,7 +163,7 @@ class _Handler:
         store = self.sink.store
         owed = store.faults_pending(parts[0], domain)  # one read for both stages
         if "RCPT" in owed:  # rare: go and take it
-            fault = await self.sink.in_writer(store.take_fault, parts[0], domain, "RCPT")
+            fault = await self.sink.in_writer(self.sink._take_fault, parts[0], domain, "RCPT")
             if fault is not None:
                 return fault
         if "DATA" in owed and isinstance(envelope, _Envelope):
@@ -385,9 +385,22 @@ class _Protocol(SMTP):
         await super().push(status)
 
     def _timeout_cb(self) -> None:
+        """Answer ``421`` and close; abort if replies sent before are still undelivered.
+
+        A client that sends commands and never reads (a flood of ``NOOP``) fills its
+        receive window: aiosmtpd's ``push`` then waits in ``drain()``, reading nothing, and
+        a close would wait for the replies to be delivered. The abort ends the session
+        (``connection_lost``) as any other: no write outlives the idle timeout.
+        """
         transport = self.transport
-        if isinstance(transport, asyncio.Transport) and not transport.is_closing():
-            transport.write(f"421 4.4.2 {self.hostname} Error: timeout exceeded\r\n".encode())
+        if isinstance(transport, asyncio.Transport):
+            if not transport.is_closing():
+                transport.write(f"421 4.4.2 {self.hostname} Error: timeout exceeded\r\n".encode())
+            if transport.get_write_buffer_size():
+                log.warning(
+                    "pytest-mailbox sink: a client left its replies unread; cut off at idle timeout"
+                )
+                transport.abort()
         super()._timeout_cb()  # type: ignore[no-untyped-call]
 
     async def _hang_up(self, reply: str) -> None:
@@ -492,6 +505,8 @@ class MailSink(SmtpEndpoint):
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mailbox-store")
         self._batch: list[tuple[Incoming, asyncio.Future[None]]] = []
         self._log_filter = _NoContent()
+        #: Set by ``stop()``: the writer thread stops waiting for a write lock held elsewhere.
+        self._stopping = threading.Event()
 
     async def in_writer(self, call: Callable[..., _T], *args: Any) -> _T:
         """Run a store call on the writer thread: the event loop never waits on SQLite's lock."""
@@ -564,11 +579,15 @@ class MailSink(SmtpEndpoint):
     ) -> str | None:
         """On the writer thread: a scripted fault's reply for one of the recipients, or store."""
         for delivery in deliveries:
-            fault = self.store.take_fault(delivery.alias, delivery.domain, "DATA")
+            fault = self._take_fault(delivery.alias, delivery.domain, "DATA")
             if fault is not None:
                 return fault
         self.accept(mail_from, deliveries, raw, transport)
         return None
+
+    def _take_fault(self, alias: str, domain: str, stage: str) -> str | None:
+        """On the writer thread: the store's scripted reply for ``alias@domain``, or None."""
+        return self.store.take_fault(alias, domain, stage, give_up=self._stopping)
 
     def accept(
         self,
@@ -581,9 +600,9 @@ class MailSink(SmtpEndpoint):
         return self.commit([self._incoming(mail_from, deliveries, raw, transport)])[0]
 
     def commit(self, messages: list[Incoming], *, wait: bool = True) -> list[list[str]]:
-        """Commit in one transaction, then wake waiters; ``StoreBusy`` if ``wait`` is False
-        and another connection holds the write lock."""
-        ids = self.store.deliver_all(messages, sink=self.name, wait=wait)
+        """Commit in one transaction, then wake waiters; ``StoreBusy`` if another connection
+        holds the write lock and ``wait`` is False, or ``stop()`` is called while it waits."""
+        ids = self.store.deliver_all(messages, sink=self.name, wait=wait, give_up=self._stopping)
         self.signal.notify()
         return ids
 
@@ -668,11 +687,16 @@ class MailSink(SmtpEndpoint):
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Close the listener and open connections; idempotent and bounded by ``timeout``."""
+        """Close the listener and open connections; idempotent and bounded by ``timeout``.
+
+        A message still waiting for a write lock another process holds is given up, not
+        stored: its client, disconnected, got no ``250`` and still owns it.
+        """
         thread, loop = self._thread, self._loop
         self._thread = None
         if thread is None or loop is None:
             return
+        self._stopping.set()
 
         async def shutdown() -> None:
             # Accept no one new, but let connections already accepted finish their setup:

@@ -313,7 +313,8 @@ class Handle(NamedTuple):
 
 
 class StoreBusy(Exception):
-    """Another connection holds the write lock, and the caller asked not to wait for it."""
+    """Another connection holds the write lock, and the caller asked not to wait for it
+    (``wait=False``), or to stop waiting (``give_up``)."""
 
 
 class Store:
@@ -383,7 +384,7 @@ class Store:
         return conn
 
     @contextmanager
-    def _write(self, *, wait: bool = True) -> Iterator[_Tx]:
+    def _write(self, *, wait: bool = True, give_up: threading.Event | None = None) -> Iterator[_Tx]:
         """One ``BEGIN IMMEDIATE`` transaction. Callers read the clock inside it: waiting for
         the write lock (up to ``busy_timeout``) must not stretch a lease or revive one.
 
@@ -391,7 +392,8 @@ class Store:
         1 ms, then 2, then 5…, which made every collision between two xdist workers cost
         milliseconds. ``wait=False`` raises ``StoreBusy`` at once instead, and never waits
         on anything (a log past ``wal_limit`` is left to the background checkpointer): for
-        an event loop that must not block.
+        an event loop that must not block. Once ``give_up`` is set, the next refusal raises
+        ``StoreBusy`` too (within one pause, at most ``RETRY_LAST``): for a sink that stops.
         """
         conn = self._conn(writer=True)
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
@@ -400,7 +402,7 @@ class Store:
                 conn.execute("BEGIN IMMEDIATE")
                 break
             except sqlite3.OperationalError as exc:
-                if not wait:
+                if not wait or (give_up is not None and give_up.is_set()):
                     raise StoreBusy(str(exc)) from None
                 if "locked" not in str(exc) or next(pauses, False) is False:
                     raise
@@ -628,14 +630,20 @@ class Store:
         return self.deliver_all([incoming], sink=sink)[0]
 
     def deliver_all(
-        self, messages: Sequence[Incoming], *, sink: str = "", wait: bool = True
+        self,
+        messages: Sequence[Incoming],
+        *,
+        sink: str = "",
+        wait: bool = True,
+        give_up: threading.Event | None = None,
     ) -> list[list[str]]:
         """Commit several accepted messages in one transaction (all or none); their ids.
 
-        With ``wait=False`` it raises ``StoreBusy`` instead of waiting for the write lock.
+        With ``wait=False`` it raises ``StoreBusy`` instead of waiting for the write lock,
+        and it stops waiting with ``StoreBusy`` once ``give_up`` is set: nothing is stored.
         """
         ids: list[list[str]] = []
-        with self._write(wait=wait) as tx:
+        with self._write(wait=wait, give_up=give_up) as tx:
             now = self.clock()
             for message in messages:
                 ids.append(self._deliver(tx, message, now, sink))
@@ -763,12 +771,15 @@ class Store:
         )
         return frozenset(str(row[0]) for row in rows)
 
-    def take_fault(self, alias: str, domain: str, stage: str) -> str | None:
-        """The scripted reply owed at ``stage`` for ``alias@domain``, counted once; else None."""
+    def take_fault(
+        self, alias: str, domain: str, stage: str, *, give_up: threading.Event | None = None
+    ) -> str | None:
+        """The scripted reply owed at ``stage`` for ``alias@domain``, counted once; else None.
+        ``StoreBusy`` if ``give_up`` is set while it waits for the write lock."""
         fault_id = self.fault_pending(alias, domain, stage)
         if fault_id is None:  # the common case: one indexed read, no write
             return None
-        with self._write() as tx:
+        with self._write(give_up=give_up) as tx:
             now = self.clock()
             taken = tx.run(
                 "UPDATE faults SET remaining = remaining - 1 WHERE fault_id = ? AND remaining > 0",
