@@ -835,18 +835,30 @@ def test_a_failure_report_masks_what_the_test_extracted(
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
-def test_a_passing_tests_report_is_left_as_it_is(pytester: pytest.Pytester, workers: str) -> None:
+def test_a_passing_tests_captured_output_is_masked_too(
+    pytester: pytest.Pytester, workers: str
+) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(
         """
+        import logging
+
         def test_it(isolated_mailbox, send):
             send(isolated_mailbox.address, body="Code 551207")
-            print("the code is", isolated_mailbox.wait_for().code())
+            code = isolated_mailbox.wait_for().code()
+            print("the code is", code)
+            logging.getLogger("app").warning("sent code %s", code)
         """
     )
-    result = pytester.runpytest("-n", workers, "-rP")
+    result = pytester.runpytest(
+        "-n", workers, "-rP", "--junitxml=junit.xml", "-o", "junit_logging=all"
+    )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*- Captured stdout call -*", "the code is 551207"])
+    result.stdout.fnmatch_lines(["*- Captured stdout call -*", "the code is ••••07"])
+    junit = (pytester.path / "junit.xml").read_text()
+    assert "sent code ••••07" in junit
+    for text in (result.stdout.str(), junit):
+        assert "551207" not in text
 
 
 NOTHING_EXTRACTED_CONFTEST = """

@@ -447,7 +447,7 @@ def pytest_runtest_makereport(
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
-    if not report.passed:
+    if not report.passed or report.sections:  # a pass shows captured output too (-rP, JUnit)
         values = _extracted_by(item)
         if values:
             _mask_report(report, values)
