@@ -990,3 +990,15 @@ def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
     assert str(several.value).startswith(
         "2 distinct links on app.example.test, cdn.example.test (email_contract link_domains)"
     )
+
+
+@pytest.mark.email_contract(link_domains=["bücher.example"])
+def test_link_without_a_domain_finds_a_link_on_an_internationalised_host(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    for subject, host in [("Unicode", "bücher.example"), ("Punycode", "xn--bcher-kva.example")]:
+        link = f"https://{host}/verify?token=Zk3Pq9Wm2Lx"
+        text = f"Open {link}\nHelp: https://www.example.org/help\n"
+        send(mailbox_server, mail(isolated_mailbox.address, subject, text=text))
+
+        assert isolated_mailbox.wait_for(subject=subject, timeout=5).link() == link

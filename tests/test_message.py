@@ -24,6 +24,7 @@ from pytest_mailbox.message import (
     Recorded,
     digest,
     index,
+    mask_copied,
     mask_secrets,
     redact_url,
 )
@@ -835,6 +836,29 @@ def test_digit_runs_are_masked_but_not_the_digits_of_ids(text: str, masked: str)
 )
 def test_dates_and_times_keep_their_digits(text: str) -> None:
     assert mask_secrets(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("body_contains='HTOnEmKT6XHqx8eV6XLjCg'", "body_contains='••••••••••••••••••••Cg'"),
+        ("body_contains='ZqXyTkMpWvRsLnBcQd_-Ab'", "body_contains='••••••••••••••••••••Ab'"),
+        ("'550e8400-e29b-41d4-a716-446655440000'", "'••••••••••••••••••••••••••••••••••00'"),
+        ("'3f9a1c07be52d8e46a0b7c19'", "'••••••••••••••••••••••19'"),  # token_hex(12)
+        (  # a link escaped for a pattern is read, and redacted, as the link
+            "body_regex='https://app\\\\.example\\\\.test/verify/3f9a1c07be52d8e46a0b7c19$'",
+            "body_regex='https://app.example.test/…/…'",
+        ),
+        ("'https://app.example.test/verify?token=abc&x'", "'https://app.example.test/…?token=…&…'"),
+        # names, not tokens: capitalised words run together, an address, the plugin's ids
+        ("'SpringPromo2026Launch'", "'SpringPromo••26Launch'"),
+        ("sender='Billing-Notices2025@shop.example'", "sender='Billing-Notices••25@shop.example'"),
+        ("'VerifyYourAccountNow'", "'VerifyYourAccountNow'"),
+        ("header=('X-Run-Id', 'r-44b17272f90f98a')", "header=('X-Run-Id', 'r-44b17272f90f98a')"),
+    ],
+)
+def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: str) -> None:
+    assert mask_copied(text) == masked
 
 
 def test_a_code_beside_a_date_is_still_masked() -> None:

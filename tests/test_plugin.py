@@ -1172,3 +1172,86 @@ def test_the_package_imports_the_mailbox_and_the_sink_when_first_asked() -> None
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.splitlines() == ["[]", "pytest_mailbox.sink True"]
     assert "AttributeError: module 'pytest_mailbox' has no attribute 'NoSuchName'" in done.stderr
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_subtests_captured_output_is_masked(pytester: pytest.Pytester, workers: str) -> None:
+    """pytest's subtests add the captured output after pytest_runtest_makereport."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_sub(isolated_mailbox, send, subtests):
+            send(isolated_mailbox.address, body="Your code is 482913")
+            code = isolated_mailbox.wait_for().code()
+            with subtests.test("check"):
+                print("got code", code)
+                assert code == "000000"
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+    result.stdout.fnmatch_lines(["*AssertionError: assert '••••13' == '000000'", "got code ••••13"])
+    for text in (result.stdout.str(), (pytester.path / "junit.xml").read_text()):
+        assert "482913" not in text
+
+
+def test_words_of_another_tests_link_do_not_garble_a_report(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_a_extracts(isolated_mailbox, send):
+            send(
+                isolated_mailbox.address,
+                body="Reset: https://app.example.test/reset?token=Zq8xYtK2mPw9RvLs"
+                "&utm_campaign=password_reset&next=/dashboard",
+            )
+            assert isolated_mailbox.wait_for().link()
+
+        def test_password_reset_page_renders():
+            page = "<h1>Reset your password</h1> go to /dashboard"
+            assert "Zq8xYtK2mPw9RvLs" in page
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*def test_password_reset_page_renders():",
+            '*page = "<h1>Reset your password</h1> go to /dashboard"',
+            "*assert '••••••••••••••Ls' in *",
+        ]
+    )
+    assert "Zq8xYtK2mPw9RvLs" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_short_code_from_the_tests_own_mailbox_is_masked(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A mailbox a fixture of the user's reserves, not isolated_mailbox, with a 4-digit code
+    (too short for the process-wide memory)."""
+    pytester.makeconftest(
+        SENDER_CONFTEST
+        + """
+
+from pytest_mailbox import EmailContract, Mailbox
+
+
+@pytest.fixture
+def own_mailbox(mailbox_store):
+    mailbox = Mailbox.reserve(mailbox_store, contract=EmailContract(), domain="mailbox.test")
+    yield mailbox
+    mailbox.close(success=True)
+"""
+    )
+    pytester.makepyfile(
+        """
+        def test_pin(own_mailbox, send):
+            send(own_mailbox.address, body="PIN 4821")
+            assert own_mailbox.wait_for().code() == "0000"
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: assert '••21' == '0000'"])
+    for text in (result.stdout.str(), (pytester.path / "junit.xml").read_text()):
+        assert "4821" not in text

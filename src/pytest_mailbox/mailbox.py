@@ -543,8 +543,7 @@ class Mailbox:
         return parsed
 
     def _digests(self) -> Recorded:
-        shas = frozenset(s["sha256"] for s in self.store.secrets(self.mailbox_id))
-        return Recorded(shas, self.store.digest)
+        return Recorded.of(self.store.secrets(self.mailbox_id), self.store.digest)
 
     def _subject(self, row: MessageRow) -> str:
         """A subject fit for an error message: digit runs and extracted secrets masked."""
@@ -807,7 +806,7 @@ class Mailbox:
     def _receipt(self, history: History) -> Receipt:
         row = history.mailbox or self._row
         found = history.secrets
-        digests = Recorded(frozenset(s["sha256"] for s in found), self.store.digest)
+        digests = Recorded.of(found, self.store.digest)
         messages = [
             MessageReceipt(
                 message_id=m.message_id,

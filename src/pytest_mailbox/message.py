@@ -10,6 +10,7 @@ from __future__ import annotations
 import email.charset
 import hashlib
 import hmac
+import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
+from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
 
 __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "redact_url"]
@@ -61,17 +63,16 @@ _WHEN = (
 _MASKABLE = re.compile(f"(?P<when>{_WHEN})|[^\\W_]+")
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
-#: What looks like a token in a selector value: 16+ word characters mixing upper- and
-#: lower-case letters and digits (``secrets.token_urlsafe``), 32+ hex digits, or a UUID.
-#: The plugin's own ids (``r-44b17272f90f98a``) are lower-case, and shorter.
-_TOKENISH = re.compile(
-    r"(?<![\w-])(?:"
-    r"(?=[\w-]*[A-Z])(?=[\w-]*[a-z])(?=[\w-]*\d)[\w-]{16,}"
-    r"|[0-9A-Fa-f]{32,}"
-    r"|[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}"
-    r")(?![\w-])",
-    re.ASCII,
-)
+#: A word a token could be (``secrets.token_urlsafe``, ``token_hex``, a UUID), judged by
+#: ``_is_token``; not the local part of an address (``Billing-Notices2024@…``).
+_LONG_WORD = re.compile(r"(?<![\w-])[\w-]{16,}(?![\w@-])", re.ASCII)
+_HEX = re.compile(r"[0-9A-Fa-f]+")
+_UNESCAPE = re.compile(r"\\+(.)")
+#: Capitalised words run together, with digits and dashes: a name, not a token.
+_CAMEL = re.compile(r"[a-z]*(?:[A-Z][a-z]{2,}|\d+|[-_])+")
+_UUID = re.compile(r"[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
+#: The plugin's own ids keep their digits and letters: ``r-44b17272f90f98a``, ``mbx-…``.
+_OWN_ID = re.compile(r"(?:r|m|mbx|tc|mcp)-[0-9a-f-]+")
 #: What it hides when its digest is a recorded secret: a code or token, any length.
 _SECRET_WORD = re.compile(r"[\w\-.~%]+")
 _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
@@ -117,9 +118,20 @@ class Recorded:
 
     digests: frozenset[str]
     digest: Callable[[str], tuple[str, str]]
+    #: Their last two characters: a word that ends otherwise is not one (no HMAC to run).
+    tails: frozenset[str] | None = None
+
+    @classmethod
+    def of(cls, rows: Iterable[Any], digest: Callable[[str], tuple[str, str]]) -> Recorded:
+        """From the store's ``secrets`` rows (``sha256``, ``last2``)."""
+        rows = list(rows)
+        shas = frozenset(row["sha256"] for row in rows)
+        return cls(shas, digest, frozenset(row["last2"] for row in rows))
 
     def __contains__(self, value: object) -> bool:
-        return isinstance(value, str) and self.digest(value)[0] in self.digests
+        if not isinstance(value, str) or (self.tails is not None and value[-2:] not in self.tails):
+            return False
+        return self.digest(value)[0] in self.digests
 
     def __bool__(self) -> bool:
         return bool(self.digests)
@@ -184,14 +196,39 @@ def mask_copied(text: str) -> str:
     links (redacted as ``redact_url`` does), words that look like tokens, digit runs, and
     what this process extracted lately (a code it waits for, a token out of a link)."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)
-    text = _TOKENISH.sub(lambda match: _keep_length(match.group()), text)
+    text = _LONG_WORD.sub(_masked_if_token, text)
     return mask_extracted(mask_secrets(text))
+
+
+def _is_token(word: str) -> bool:
+    """A random-looking word of 16+ characters: letters of both cases that change class
+    (upper, lower, digit) at every fourth character or more, as random text does, and not
+    capitalised words run together (``SpringPromo2026Launch``); hex digits with letters;
+    or a UUID."""
+    if _OWN_ID.fullmatch(word) or _CAMEL.fullmatch(word):
+        return False
+    if _UUID.fullmatch(word) or (
+        _HEX.fullmatch(word) and not word.isdigit() and not word.isalpha()
+    ):
+        return True
+    kinds = [_kind(c) for c in word]
+    changes = sum(1 for a, b in itertools.pairwise(kinds) if a != b)
+    return "u" in kinds and "l" in kinds and changes * 4 >= len(word)
+
+
+def _kind(char: str) -> str:
+    return "u" if char.isupper() else "l" if char.islower() else "d" if char.isdigit() else ""
+
+
+def _masked_if_token(match: re.Match[str]) -> str:
+    word = match.group()
+    return _keep_length(word) if _is_token(word) else word
 
 
 def _redacted_link(match: re.Match[str]) -> str:
     found = match.group()
-    if "\\" in found:  # a pattern's escaped link (``verify\?token=``): its tokens are words
-        return found
+    if "\\" in found:  # a pattern's escaped link (``verify\?token=``): read as the link
+        return redact_url(_trim_url(_UNESCAPE.sub(r"\1", found)))
     url = _trim_url(found)
     return redact_url(url) + found[len(url) :]
 
@@ -225,13 +262,19 @@ def mask_recorded(text: str, recorded: Recorded | None) -> str:
 #: (``body_regex=rf"\\b{code}\\b"``), a token taken out of a link, or another mailbox's.
 #: Short values (a four-digit PIN) are masked by their own mailbox only.
 _EXTRACTED: dict[str, None] = {}
+#: Every value the running test extracted, whatever its length and whichever mailbox it
+#: came from (the plugin empties it at each test's setup and masks the test's report).
+TEST_EXTRACTED: set[str] = set()
 _EXTRACTED_KEPT = 256
 _MIN_EXTRACTED = 6
 _MIN_LINK_PART = 8
 
 
 def remember_extracted(kind: str, value: str) -> None:
-    """Keep ``value`` (and, for a link, its query values and long path segments)."""
+    """Keep ``value`` (and, for a link, its query values, long path segments and fragment
+    that look like secrets: ``next=/dashboard`` or ``utm_campaign=password_reset`` are
+    words, and masking them would garble other tests' reports)."""
+    TEST_EXTRACTED.add(value)
     parts = [value]
     if kind == "link":
         split = urlsplit(value)
@@ -241,12 +284,23 @@ def remember_extracted(kind: str, value: str) -> None:
         parts += [seg for seg in split.path.split("/") if len(seg) >= 2 * _MIN_LINK_PART]
         if split.fragment and len(split.fragment) >= _MIN_LINK_PART:
             parts.append(split.fragment)
+        parts = [part for part in parts if part == value or _secret_like(part)]
     for part in parts:
         if len(part) >= _MIN_EXTRACTED:
             _EXTRACTED.pop(part, None)
             _EXTRACTED[part] = None
     while len(_EXTRACTED) > _EXTRACTED_KEPT:
         del _EXTRACTED[next(iter(_EXTRACTED))]
+
+
+def _secret_like(part: str) -> bool:
+    """A part of a link that may be its token: random-looking, or letters with digits."""
+    has_digit = any(c.isdigit() for c in part)
+    return (
+        _is_token(part)
+        or (has_digit and any(c.isalpha() for c in part))
+        or bool(_DIGITS.search(part))
+    )
 
 
 def mask_extracted(text: str, also: Iterable[str] = ()) -> str:
@@ -736,7 +790,9 @@ class Message:
         )
 
     def _links_on(self, hosts: set[str]) -> list[str]:
-        return [u for u in self._links if _host(u) in hosts]
+        """The links on one of ``hosts``, compared as domains are (IDNA, lower case)."""
+        wanted = {normalize_domain(host) for host in hosts}
+        return [u for u in self._links if normalize_domain(_host(u)) in wanted]
 
     def _one_link(self, candidates: list[str], where: str, hint: str) -> str:
         """The one link among ``candidates`` (recorded as a secret), or why there is none."""

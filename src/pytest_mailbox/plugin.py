@@ -51,8 +51,6 @@ _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
 _contract_key = pytest.StashKey[EmailContract]()  # the test's, checked at its setup
-#: The values each of the test's mailboxes extracted (live sets), until its teardown report.
-_extracted_key = pytest.StashKey["list[set[str]]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -364,8 +362,6 @@ class _Fixtures:
         )
         opened = item.stash.setdefault(_mailboxes_key, [])
         opened.append(mailbox)
-        # Kept past this teardown, for the masking of the test's teardown report.
-        item.stash.setdefault(_extracted_key, []).append(mailbox._extracted)
         yield mailbox
         receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
             update={"testrun_uid": config.stash[_testrun_key]}
@@ -387,14 +383,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_attached_key] = []
     item.stash[_failed_key] = False
     item.stash[_mailboxes_key] = []
-    item.stash[_extracted_key] = []
     item.config.stash[_fixtures_key].item = item
+    message = sys.modules.get("pytest_mailbox.message")
+    if message is not None:  # what the last test extracted masks its reports only
+        message.TEST_EXTRACTED.clear()
 
 
 def _contract_of(item: pytest.Item, settings: Settings) -> EmailContract:
     """The test's contract: the mailbox_* ini defaults, overlaid by its closest
     email_contract marker; an invalid marker fails the test, naming the field."""
-    marker = item.get_closest_marker("email_contract")
+    return _contract_for(item.get_closest_marker("email_contract"), settings)
+
+
+def _contract_for(marker: pytest.Mark | None, settings: Settings) -> EmailContract:
     if marker is None:
         return settings.contract
     if marker.args:
@@ -430,9 +431,19 @@ class _MarkerCheck:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # By marker: a module's pytestmark, or a parametrized test's, is one Mark for all.
+        self._contracts: dict[int, tuple[pytest.Mark, EmailContract]] = {}
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        item.stash[_contract_key] = _contract_of(item, self.settings)
+        marker = item.get_closest_marker("email_contract")
+        known = self._contracts.get(id(marker))
+        if marker is None or known is None or known[0] is not marker:
+            contract = _contract_for(marker, self.settings)  # fails the test if invalid
+            if marker is not None:
+                self._contracts[id(marker)] = (marker, contract)
+        else:
+            contract = known[1]
+        item.stash[_contract_key] = contract
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after xfail has had its say
@@ -448,23 +459,27 @@ def pytest_runtest_makereport(
         for mailbox in item.stash.get(_mailboxes_key, []):
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
     if not report.passed or report.sections:  # a pass shows captured output too (-rP, JUnit)
-        values = _extracted_by(item)
-        if values:
-            _mask_report(report, values)
-    if report.when == "teardown":
-        item.stash[_extracted_key] = []  # pytest keeps the item to the end of the session
+        _mask_extracted(report)
     return report
 
 
-def _extracted_by(item: pytest.Item) -> set[str]:
-    """The links and codes the test's mailboxes extracted, and what this process remembers
-    of others (only once it imported the message module: before that it extracted none)."""
-    values: set[str] = set().union(*item.stash.get(_extracted_key, []))
-    if "pytest_mailbox.message" in sys.modules:
-        from pytest_mailbox.message import _EXTRACTED  # noqa: PLC0415 - as _mask_report
+@pytest.hookimpl(tryfirst=True)  # before xdist sends it, or the terminal shows it
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A subtest's report gets its captured output after ``pytest_runtest_makereport``:
+    masked here (its traceback was, in the report it was made from)."""
+    if type(report) is not pytest.TestReport and (not report.passed or report.sections):
+        _mask_extracted(report)
 
-        values.update(_EXTRACTED)
-    return values
+
+def _mask_extracted(report: pytest.TestReport) -> None:
+    """Mask what the running test extracted, from any mailbox and whatever its length, and
+    what this process remembers of others; nothing to do before the message module was
+    imported (nothing was extracted)."""
+    message = sys.modules.get("pytest_mailbox.message")
+    if message is not None:
+        values = {*message.TEST_EXTRACTED, *message._EXTRACTED}
+        if values:
+            _mask_report(report, values)
 
 
 def _mask_report(report: pytest.TestReport, values: set[str]) -> None:
