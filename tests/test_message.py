@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib
+import pkgutil
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -15,7 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pytest_mailbox
 from pytest_mailbox import message as message_module
+from pytest_mailbox.contract import _regex_problem
 from pytest_mailbox.errors import ExtractionError
 from pytest_mailbox.message import (
     MAX_PARSED_HEADER,
@@ -874,3 +878,23 @@ def test_a_header_too_long_to_decode_is_shown_as_sent_by_index_and_message() -> 
     assert index(raw).subject == Message(raw).subject == words  # not decoded: its cost
     assert index(raw).run_header == "r-1"
     assert index(short).subject == Message(short).subject == "café"  # decoded as before
+
+
+def test_the_plugins_own_patterns_pass_its_backtracking_check() -> None:
+    """The check selectors get, on every pattern the plugin runs over mail and error texts:
+    a nested repeat (_CAMEL's ``(?:…|\\d+)+`` once) let a long digit run hang ``link()``."""
+    modules = [
+        importlib.import_module(f"pytest_mailbox.{module.name}")
+        for module in pkgutil.iter_modules(pytest_mailbox.__path__)
+        if module.name not in ("__main__", "mcp_server")  # mcp_server needs the mcp extra
+    ]
+    patterns = {
+        f"{module.__name__}.{name}": value.pattern
+        for module in modules
+        for name, value in vars(module).items()
+        if isinstance(value, re.Pattern)
+    }
+
+    assert len(patterns) > 20
+    assert {name: _regex_problem(p) for name, p in patterns.items() if _regex_problem(p)} == {}
+    assert _regex_problem(r"[a-z]*(?:[A-Z][a-z]{2,}|\d+|[-_])+") is not None  # the old one

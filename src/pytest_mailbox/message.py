@@ -69,7 +69,7 @@ _LONG_WORD = re.compile(r"(?<![\w-])[\w-]{16,}(?![\w@-])", re.ASCII)
 _HEX = re.compile(r"[0-9A-Fa-f]+")
 _UNESCAPE = re.compile(r"\\+(.)")
 #: Capitalised words run together, with digits and dashes: a name, not a token.
-_CAMEL = re.compile(r"[a-z]*(?:[A-Z][a-z]{2,}|\d+|[-_])+")
+_CAMEL = re.compile(r"[a-z]*(?:[A-Z][a-z]{2,}|\d|[-_])+")
 _UUID = re.compile(r"[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
 #: The plugin's own ids keep their digits and letters: ``r-44b17272f90f98a``, ``mbx-…``.
 _OWN_ID = re.compile(r"(?:r|m|mbx|tc|mcp)-[0-9a-f-]+")
