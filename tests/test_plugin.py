@@ -1255,3 +1255,130 @@ def own_mailbox(mailbox_store):
     result.stdout.fnmatch_lines(["*AssertionError: assert '••21' == '0000'"])
     for text in (result.stdout.str(), (pytester.path / "junit.xml").read_text()):
         assert "4821" not in text
+
+
+SHOWN_SUITE = '''
+import warnings
+from urllib.parse import urlsplit
+
+import pytest
+from pytest_mailbox import EmailContract, Mailbox
+
+TOKEN = "Zq8xYtK2mPw9RvLsAb3dEf7hJk1mNp4Q"
+BODY = "y" * 50 + " open https://shop.example.test/verify?token=" + TOKEN + " " + "x" * 300
+
+
+@pytest.fixture(scope="session")
+def session_pin(mailbox_store, mailbox_server):
+    """A mailbox of the whole session, with a PIN too short for the process's memory."""
+    import smtplib
+    from email.message import EmailMessage
+
+    mailbox = Mailbox.reserve(mailbox_store, contract=EmailContract(), domain="mailbox.test")
+    msg = EmailMessage()
+    msg["From"], msg["To"], msg["Subject"] = "a@app.example.test", mailbox.address, "PIN"
+    msg.set_content("PIN 7342")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(msg)
+    yield mailbox.wait_for().code()
+    mailbox.close(success=True)
+
+
+def test_first(session_pin):
+    pass
+
+
+def test_second_sees_the_session_pin(session_pin):
+    assert session_pin == "0000"
+
+
+def test_a_client_error_quotes_the_path(isolated_mailbox, send):
+    send(isolated_mailbox.address, body="Sign in: https://app.example.test/magic/aB3dE5fG7h2k?next=%2Fhome")
+    link = isolated_mailbox.wait_for().link()
+    split = urlsplit(link)
+    raise ConnectionError(f"Max retries exceeded with url: {split.path}?{split.query}")
+
+
+def test_a_long_text_cut_short(isolated_mailbox, send):
+    send(isolated_mailbox.address, body=BODY)
+    msg = isolated_mailbox.wait_for()
+    assert msg.link()
+    assert "Welcome" in msg.text
+
+
+def test_a_raw_message_printed(isolated_mailbox, send):
+    send(isolated_mailbox.address, body=BODY)
+    msg = isolated_mailbox.wait_for()
+    assert msg.link()
+    print(msg.raw.decode())
+    assert False
+
+
+def test_a_warning(isolated_mailbox, send):
+    send(isolated_mailbox.address, body="Your code is 482913")
+    warnings.warn(f"old login flow used with code {isolated_mailbox.wait_for().code()}")
+'''
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_output_pytest_shows_is_masked_however_it_quotes_a_value(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A session fixture's short PIN in a later test, a link's path and query as an HTTP
+    client's error quotes them, a repr pytest cut short, a raw message's quoted-printable
+    soft line breaks, and the warnings summary."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_shown=SHOWN_SUITE)
+    result = pytester.runpytest(
+        "-n", workers, "-p", "no:randomly", "-W", "default::UserWarning", "--junitxml=junit.xml"
+    )
+    result.assert_outcomes(passed=2, failed=4, warnings=1)
+    for line in (  # in no particular order: xdist's workers report as they finish
+        "*assert '••42' == '0000'",
+        "*ConnectionError: Max retries exceeded with url: •••*",
+        "*old login flow used with code ••••13",
+    ):
+        result.stdout.fnmatch_lines([line])
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    for secret in ("7342", "aB3dE5fG7h2k", "482913", "Zq8xYtK2m", "mNp4Q"):
+        assert secret not in text
+    assert "yyyy open ••••" in text  # the repr pytest cut short, in the token
+
+
+@pytest.mark.parametrize(("args", "masked"), [((), False), (("-rP",), True)])
+def test_a_passing_tests_output_is_masked_only_where_something_shows_it(
+    pytester: pytest.Pytester, args: tuple[str, ...], masked: bool
+) -> None:
+    pytester.makeconftest(
+        SENDER_CONFTEST
+        + """
+from pathlib import Path
+
+import pytest_mailbox.plugin
+
+_real = pytest_mailbox.plugin._mask_report
+
+
+def _mask_report(report, values):
+    with Path("masked.txt").open("a") as out:
+        out.write(f"{report.when}\\n")
+    _real(report, values)
+
+
+pytest_mailbox.plugin._mask_report = _mask_report
+"""
+    )
+    pytester.makepyfile(
+        """
+        def test_it(isolated_mailbox, send):
+            send(isolated_mailbox.address, body="Code 551207")
+            print("the code is", isolated_mailbox.wait_for().code())
+        """
+    )
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=1)
+    calls = pytester.path / "masked.txt"
+    # The teardown report carries the call's captured output too.
+    expected = ["call", "teardown"] if masked else []
+    assert (calls.read_text().split() if calls.exists() else []) == expected
+    assert "551207" not in result.stdout.str()

@@ -7,6 +7,7 @@ import math
 import re
 import secrets
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,6 +74,16 @@ _EXCEPTIONS: dict[Status, type[MailboxError]] = {
     Status.FENCE_MISMATCH: FenceMismatch,
     Status.LEASE_EXPIRED: LeaseExpired,
 }
+#: Mailboxes not yet closed or released, of any scope: a failing test's report masks what
+#: they extracted (a session fixture's mailbox extracts before the test that fails).
+_LIVE: weakref.WeakSet[Mailbox] = weakref.WeakSet()
+
+
+def live_extracted() -> set[str]:
+    """What the mailboxes still open in this process extracted."""
+    return set().union(*(mailbox._extracted for mailbox in list(_LIVE)))
+
+
 _FAULT_REPLY = re.compile(r"[45]\d\d(?: [ -~]{1,200})?")
 
 
@@ -204,6 +215,7 @@ class Mailbox:
         self._since: Checkpoint | None = None
         self._parsed: dict[int, Message] = {}
         self._extracted: set[str] = set()  # the links and codes taken from its messages
+        _LIVE.add(self)
         self._waited = False
         self._agent: AgentTools | None = None
 
@@ -733,6 +745,7 @@ class Mailbox:
         __tracebackhide__ = True
         self._ensure_open()
         outcome = self.store.release(self.mailbox_id, self.fence, reason)
+        _LIVE.discard(self)
         if outcome.status is not Status.RELEASED:  # expired or re-fenced since the check
             self._raise_for(outcome, "release")
         return outcome
@@ -769,6 +782,7 @@ class Mailbox:
 
         A closed (or expired, or re-fenced) reservation is left as it is: the store refuses.
         """
+        _LIVE.discard(self)
         if success:  # one transaction: the acks, the release and the receipt's reads
             _, history = self.store.release_and_read(
                 self.mailbox_id, self.fence, CloseReason.RELEASED_SUCCESS, ack_for=self.run_id
@@ -790,8 +804,7 @@ class Mailbox:
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:
         def record(kind: str, value: str, host: str | None) -> None:
-            remember_extracted(kind, value)
-            self._extracted.add(value)
+            self._extracted.update(remember_extracted(kind, value))
             sha, last2 = self.store.digest(value)
             self.store.record_secret(self.mailbox_id, message_id, kind, sha, last2, host)
 

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import itertools
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.message import EmailMessage
@@ -21,7 +21,7 @@ from email.policy import EmailPolicy
 from functools import cached_property, lru_cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
@@ -267,30 +267,42 @@ _EXTRACTED: dict[str, None] = {}
 TEST_EXTRACTED: set[str] = set()
 _EXTRACTED_KEPT = 256
 _MIN_EXTRACTED = 6
-_MIN_LINK_PART = 8
 
 
-def remember_extracted(kind: str, value: str) -> None:
-    """Keep ``value`` (and, for a link, its query values, long path segments and fragment
-    that look like secrets: ``next=/dashboard`` or ``utm_campaign=password_reset`` are
-    words, and masking them would garble other tests' reports)."""
-    TEST_EXTRACTED.add(value)
-    parts = [value]
-    if kind == "link":
-        split = urlsplit(value)
-        if split.path.strip("/") == "" and not split.query:
-            parts = []  # a bare host is no secret, and would mask every other link
-        parts += [v for _, v in parse_qsl(split.query) if len(v) >= _MIN_LINK_PART]
-        parts += [seg for seg in split.path.split("/") if len(seg) >= 2 * _MIN_LINK_PART]
-        if split.fragment and len(split.fragment) >= _MIN_LINK_PART:
-            parts.append(split.fragment)
-        parts = [part for part in parts if part == value or _secret_like(part)]
-    for part in parts:
+def remember_extracted(kind: str, value: str) -> set[str]:
+    """Keep ``value`` and, for a link, the parts of it that look like secrets: the running
+    test's report masks them whatever their length, later errors and reports of this
+    process those of six characters or more. Returns them all."""
+    parts = {value, *(_link_parts(value) if kind == "link" else ())}
+    TEST_EXTRACTED.update(parts)
+    split = urlsplit(value) if kind == "link" else None
+    if split is not None and split.path.strip("/") == "" and not split.query:
+        kept = parts - {value}  # a bare host is no secret, and would mask every other link
+    else:
+        kept = parts
+    for part in sorted(kept):
         if len(part) >= _MIN_EXTRACTED:
             _EXTRACTED.pop(part, None)
             _EXTRACTED[part] = None
     while len(_EXTRACTED) > _EXTRACTED_KEPT:
         del _EXTRACTED[next(iter(_EXTRACTED))]
+    return parts
+
+
+def _link_parts(link: str) -> set[str]:
+    """The query values, path segments and fragment of ``link`` that look like secrets, as
+    sent (``k3J%2B9aQ``) and decoded, and its path and query as an HTTP client's error
+    shows them (``url: /magic/aB3dE5fG7h2k?next=%2Fhome``). ``next=/dashboard`` or
+    ``utm_campaign=password_reset`` are words: masking them would garble other reports."""
+    split = urlsplit(link)
+    raw = [pair.partition("=")[2] for pair in split.query.split("&")] if split.query else []
+    raw += [*split.path.split("/"), split.fragment]
+    found = {part for value in raw for part in (value, unquote_plus(value))}
+    secret = {part for part in found if len(part) >= _MIN_EXTRACTED and _secret_like(part)}
+    if secret:
+        start = link.find(split.netloc) + len(split.netloc) if split.netloc else 0
+        secret.add(link[start:])
+    return secret
 
 
 def _secret_like(part: str) -> bool:
@@ -315,6 +327,72 @@ def mask_values(text: str, values: Iterable[str]) -> str:
     for value in sorted({v for v in values if v in text}, key=len, reverse=True):
         text = text.replace(value, _keep_length(value))
     return text
+
+
+def mask_shown(text: str, values: Collection[str]) -> str:
+    """Mask ``values`` in output pytest shows (reports, warnings): whole, where pytest cut a
+    long repr short around ``...`` (``'…token=Zq8xYtK2m...e team'``), and across the
+    quoted-printable soft line breaks (``=`` at a line's end) of a raw message a test
+    printed. A cut or broken piece is bullets only."""
+    if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
+        text = _mask_cut(text, values)
+    text = mask_values(text, values)
+    if "=\n" in text or "=\r\n" in text:
+        for value in values:
+            if len(value) >= _MIN_EXTRACTED:
+                text = _soft_broken(value).sub(_bullets, text)
+    return text
+
+
+_CUT = "..."  # what pytest's saferepr puts in the middle of a repr it shortens
+_MIN_CUT = 4
+
+
+def _mask_cut(text: str, values: Collection[str]) -> str:
+    pieces = text.split(_CUT)
+    for i in range(len(pieces) - 1):
+        before, after = pieces[i], pieces[i + 1]
+        start = max((_start_before_cut(before, v) for v in values), default=0)
+        end = max((_end_after_cut(after, v) for v in values), default=0)
+        pieces[i] = before[: len(before) - start] + "\u2022" * start
+        pieces[i + 1] = "\u2022" * end + after[end:]
+    return _CUT.join(pieces)
+
+
+def _start_before_cut(before: str, value: str) -> int:
+    """How long a start of ``value`` ends ``before`` (0 if shorter than _MIN_CUT)."""
+    tail = before[-_MIN_CUT:]
+    if len(tail) < _MIN_CUT:
+        return 0
+    best, at = 0, value.find(tail)
+    while at != -1:
+        if before.endswith(value[: at + _MIN_CUT]):
+            best = max(best, at + _MIN_CUT)
+        at = value.find(tail, at + 1)
+    return best
+
+
+def _end_after_cut(after: str, value: str) -> int:
+    """How long an end of ``value`` begins ``after`` (0 if shorter than _MIN_CUT)."""
+    head = after[:_MIN_CUT]
+    if len(head) < _MIN_CUT:
+        return 0
+    best, at = 0, value.find(head)
+    while at != -1:
+        if after.startswith(value[at:]):
+            best = max(best, len(value) - at)
+        at = value.find(head, at + 1)
+    return best
+
+
+@lru_cache(maxsize=1024)
+def _soft_broken(value: str) -> re.Pattern[str]:
+    """``value`` with a quoted-printable soft line break allowed between any two characters."""
+    return re.compile("(?:=\r?\n)?".join(map(re.escape, value)))
+
+
+def _bullets(match: re.Match[str]) -> str:
+    return "".join(c if c in "\r\n" else "\u2022" for c in match.group())
 
 
 def _keep_length(word: str) -> str:

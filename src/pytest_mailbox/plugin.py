@@ -7,6 +7,7 @@ import json
 import sys
 import types
 import uuid
+import warnings
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
+_shows_passes_key = pytest.StashKey[bool]()
 _contract_key = pytest.StashKey[EmailContract]()  # the test's, checked at its setup
 
 
@@ -92,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_fixtures_key] = fixtures = _Fixtures(config)
     config.pluginmanager.register(fixtures.plugin(), "mailbox-fixtures")
     config.pluginmanager.register(_MarkerCheck(settings), "mailbox-marker")
+    config.pluginmanager.register(_ShownOutput(config), "mailbox-subtests")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
@@ -458,28 +461,76 @@ def pytest_runtest_makereport(
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
-    if not report.passed or report.sections:  # a pass shows captured output too (-rP, JUnit)
+    if _shown(report, item.config):
         _mask_extracted(report)
     return report
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist sends it, or the terminal shows it
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """A subtest's report gets its captured output after ``pytest_runtest_makereport``:
-    masked here (its traceback was, in the report it was made from)."""
-    if type(report) is not pytest.TestReport and (not report.passed or report.sections):
-        _mask_extracted(report)
+def _shown(report: pytest.TestReport, config: pytest.Config) -> bool:
+    """A report that is not a pass is shown; a pass only shows its captured output where
+    -rP or -rA, JUnit's junit_logging or pytest-html's --html asks for it."""
+    if not report.passed:
+        return True
+    if not report.sections:
+        return False
+    shows = config.stash.get(_shows_passes_key, None)
+    if shows is None:
+        chars = str(config.getoption("reportchars", "") or "")
+        junit = config.getoption("xmlpath", None) and config.getini("junit_logging") != "no"
+        html = config.getoption("htmlpath", None)  # pytest-html writes a report
+        shows = config.stash[_shows_passes_key] = bool(
+            "P" in chars or "A" in chars or junit or html
+        )
+    return shows
+
+
+class _ShownOutput:
+    """What pytest shows beyond a test's own report: a subtest's captured output, which it
+    gets after ``pytest_runtest_makereport`` (its traceback was masked there), and the
+    warnings summary; masked before xdist sends them or the terminal shows them."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if type(report) is not pytest.TestReport and _shown(report, self.config):
+            _mask_extracted(report)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_warning_recorded(self, warning_message: warnings.WarningMessage) -> None:
+        """The warnings summary quotes a warning's message: ``warn(f"... {code}")``."""
+        values = _extracted()
+        text = str(warning_message.message)
+        if values and (masked := _masker(values)(text)) != text:
+            warning_message.message = masked  # a str, as xdist sends one
+
+
+def _extracted() -> set[str]:
+    """What the running test extracted, from any mailbox and whatever its length; what the
+    mailboxes still open extracted (a session fixture's); and what this process remembers
+    of others. Nothing before the message module was imported: nothing was extracted."""
+    message = sys.modules.get("pytest_mailbox.message")
+    if message is None:
+        return set()
+    mailbox = sys.modules.get("pytest_mailbox.mailbox")
+    live = mailbox.live_extracted() if mailbox is not None else set()
+    return {*message.TEST_EXTRACTED, *message._EXTRACTED, *live}
 
 
 def _mask_extracted(report: pytest.TestReport) -> None:
-    """Mask what the running test extracted, from any mailbox and whatever its length, and
-    what this process remembers of others; nothing to do before the message module was
-    imported (nothing was extracted)."""
-    message = sys.modules.get("pytest_mailbox.message")
-    if message is not None:
-        values = {*message.TEST_EXTRACTED, *message._EXTRACTED}
-        if values:
-            _mask_report(report, values)
+    values = _extracted()
+    if values:
+        _mask_report(report, values)
+
+
+def _masker(values: set[str]) -> Callable[[str], str]:
+    """Masks ``values`` in a text, also as a repr escapes them, cut short or broken."""
+    # Imported by the mailbox, if anything was extracted: a run without mail never pays.
+    from pytest_mailbox.message import mask_shown  # noqa: PLC0415
+
+    shown = {*values, *(repr(value)[1:-1] for value in values)}
+    return lambda text: mask_shown(text, shown)
 
 
 def _mask_report(report: pytest.TestReport, values: set[str]) -> None:
@@ -490,14 +541,7 @@ def _mask_report(report: pytest.TestReport, values: set[str]) -> None:
     pytest's repr objects are changed in place, so that their structure (colours, ``--tb``
     styles, xdist's serialisation, JUnit, pytest-html) stays as it was.
     """
-    # Imported by the mailbox, if anything was extracted: a run without mail never pays.
-    from pytest_mailbox.message import mask_values  # noqa: PLC0415
-
-    shown = {*values, *(repr(value)[1:-1] for value in values)}  # as a repr escapes them
-
-    def mask(text: str) -> str:
-        return mask_values(text, shown)
-
+    mask = _masker(values)
     longrepr = report.longrepr
     if isinstance(longrepr, str | tuple | TerminalRepr):  # a skip's: (path, line, reason)
         report.longrepr = _masked(longrepr, mask, set())
