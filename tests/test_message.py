@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from email.message import EmailMessage
 from email.parser import BytesParser
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +25,7 @@ from pytest_mailbox.errors import ExtractionError
 from pytest_mailbox.message import (
     MAX_PARSED_HEADER,
     Index,
+    Masker,
     Message,
     Recorded,
     digest,
@@ -31,6 +33,7 @@ from pytest_mailbox.message import (
     mask_copied,
     mask_secrets,
     redact_url,
+    remember_extracted,
 )
 
 TOKEN = "8f3a9c77d1e24b6a"
@@ -898,3 +901,41 @@ def test_the_plugins_own_patterns_pass_its_backtracking_check() -> None:
     assert len(patterns) > 20
     assert {name: _regex_problem(p) for name, p in patterns.items() if _regex_problem(p)} == {}
     assert _regex_problem(r"[a-z]*(?:[A-Z][a-z]{2,}|\d+|[-_])+") is not None  # the old one
+
+
+LINK_WITH_IDS = (
+    "https://app.example.test/users/12345678/confirm/v2beta1"
+    "?t=Zq8xYtK2mPw9RvLsAb3dEf7h&next=%2Fhome&utm_campaign=spring2026"
+)
+
+
+def test_a_link_is_remembered_with_its_secret_parts_only() -> None:
+    parts = remember_extracted("link", LINK_WITH_IDS)
+
+    assert "Zq8xYtK2mPw9RvLsAb3dEf7h" in parts
+    assert "/users/12345678/confirm/v2beta1?t=Zq8xYtK2mPw9RvLsAb3dEf7h&next=%2Fhome" in "".join(
+        parts
+    )  # the path and query, as an HTTP client's error quotes them
+    assert quote(LINK_WITH_IDS, safe="") in parts  # as a redirect's parameter
+    for word in ("12345678", "v2beta1", "spring2026", "%2Fhome", "/home", "users"):
+        assert word not in parts
+
+
+def test_a_masker_leaves_what_unrelated_output_shows() -> None:
+    remembered = remember_extracted("link", LINK_WITH_IDS) | {"482913"}
+    mask = Masker(remembered, words={"2026"})
+
+    for line in (
+        "Connecting to https://app.example.test...",
+        "GET /users/12345678/confirm... 503",
+        "Loading...home page, redirect to %2Fhome",
+        "{'id': 12345678, 'api': 'v2beta1', 'campaign': 'spring2026'}",
+        "sent 2026-12-03 16:30",
+    ):
+        assert mask(line) == line
+    assert mask("assert '2026' == '0000'") == "assert '••26' == '0000'"  # a PIN alone
+    assert mask("code 4829...") == "code ••••..."  # half of a six-digit code, cut short
+    assert mask("token=Zq8x...") == "token=Zq8x..."  # four of 24 characters tell nothing
+    assert mask("token=Zq8xYtK2m...") == "token=•••••••••..."
+    # a raw message's soft line break, as a repr shows it
+    assert mask("token=3DZq8xY=\\r\\ntK2mPw9RvLsAb3dEf7h") == "token=3D" + "•" * 29

@@ -21,7 +21,7 @@ from email.policy import EmailPolicy
 from functools import cached_property, lru_cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote_plus, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
@@ -267,6 +267,7 @@ _EXTRACTED: dict[str, None] = {}
 TEST_EXTRACTED: set[str] = set()
 _EXTRACTED_KEPT = 256
 _MIN_EXTRACTED = 6
+_MIN_LINK_PART = 8
 
 
 def remember_extracted(kind: str, value: str) -> set[str]:
@@ -291,28 +292,33 @@ def remember_extracted(kind: str, value: str) -> set[str]:
 
 def _link_parts(link: str) -> set[str]:
     """The query values, path segments and fragment of ``link`` that look like secrets, as
-    sent (``k3J%2B9aQ``) and decoded, and its path and query as an HTTP client's error
-    shows them (``url: /magic/aB3dE5fG7h2k?next=%2Fhome``). ``next=/dashboard`` or
-    ``utm_campaign=password_reset`` are words: masking them would garble other reports."""
+    sent (``k3J%2B9aQ``), decoded and encoded again; then its path and query as an HTTP
+    client's error shows them (``url: /magic/aB3dE5fG7h2k?next=%2Fhome``), and the link
+    encoded as a redirect's parameter. Ids, numbers and words (``/users/12345678``,
+    ``spring2026``, ``next=/dashboard``) are left out: other reports quote them too."""
     split = urlsplit(link)
     raw = [pair.partition("=")[2] for pair in split.query.split("&")] if split.query else []
     raw += [*split.path.split("/"), split.fragment]
-    found = {part for value in raw for part in (value, unquote_plus(value))}
-    secret = {part for part in found if len(part) >= _MIN_EXTRACTED and _secret_like(part)}
+    secret: set[str] = set()
+    for value in raw:
+        decoded = unquote_plus(value)
+        if _secret_like(decoded):
+            secret |= {value, decoded, quote(decoded, safe="")}
     if secret:
         start = link.find(split.netloc) + len(split.netloc) if split.netloc else 0
-        secret.add(link[start:])
+        secret |= {link[start:], quote(link, safe="")}
     return secret
 
 
 def _secret_like(part: str) -> bool:
-    """A part of a link that may be its token: random-looking, or letters with digits."""
-    has_digit = any(c.isdigit() for c in part)
-    return (
-        _is_token(part)
-        or (has_digit and any(c.isalpha() for c in part))
-        or bool(_DIGITS.search(part))
-    )
+    """A part of a link that may be its token: random-looking (``_is_token``), or eight
+    characters or more that go from letters to digits and back at least three times
+    (``aB3dE5fG7h2k``), which a word with a number (``v2beta1``) does not."""
+    if _is_token(part):
+        return True
+    kinds = ["a" if c.isalpha() else "d" if c.isdigit() else "" for c in part]
+    switches = sum(1 for a, b in itertools.pairwise(k for k in kinds if k) if a != b)
+    return len(part) >= _MIN_LINK_PART and switches >= 3
 
 
 def mask_extracted(text: str, also: Iterable[str] = ()) -> str:
@@ -329,57 +335,95 @@ def mask_values(text: str, values: Iterable[str]) -> str:
     return text
 
 
-def mask_shown(text: str, values: Collection[str]) -> str:
-    """Mask ``values`` in output pytest shows (reports, warnings): whole, where pytest cut a
-    long repr short around ``...`` (``'…token=Zq8xYtK2m...e team'``), and across the
+class Masker:
+    """Masks ``values`` in output pytest shows (reports, warnings): whole; where pytest cut
+    a long repr short around ``...`` (``'…token=Zq8xYtK2m...e team'``); across the
     quoted-printable soft line breaks (``=`` at a line's end) of a raw message a test
-    printed. A cut or broken piece is bullets only."""
-    if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
-        text = _mask_cut(text, values)
-    text = mask_values(text, values)
-    if "=\n" in text or "=\r\n" in text:
-        for value in values:
-            if len(value) >= _MIN_EXTRACTED:
-                text = _soft_broken(value).sub(_bullets, text)
-    return text
+    printed; and ``words`` (short values of other tests) only where they stand alone, so
+    that another test's PIN ``2026`` leaves ``2026-12-03`` as it is. A cut or broken piece
+    is bullets only. Built once for a set of values, it remembers what it looked up."""
+
+    def __init__(self, values: Collection[str], words: Collection[str] = ()) -> None:
+        self.values = sorted({v for v in values if v}, key=len, reverse=True)
+        # A cut is matched on codes and tokens only: a link's start is its host, which an
+        # unrelated line may show just as well (``Connecting to https://app…...``).
+        self.cut = [
+            v for v in self.values
+            if len(v) >= _MIN_CUT and "://" not in v and "%3A%2F%2F" not in v and v[0] != "/"
+        ]  # fmt: skip
+        self._by_piece: dict[str, list[str]] = {}
+        shown = sorted({w for w in words if w and w not in self.values}, key=len, reverse=True)
+        alternatives = "|".join(map(re.escape, shown))
+        self.words = (
+            re.compile(rf"(?<![\w\-:./])(?:{alternatives})(?![\w\-:./])") if shown else None
+        )
+
+    def __call__(self, text: str) -> str:
+        if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
+            text = self._mask_cut(text)
+        for value in self.values:
+            if value in text:
+                text = text.replace(value, _keep_length(value))
+        if _SOFT_BREAK.search(text):
+            flat = _SOFT_BREAK.sub("", text)
+            for value in self.values:
+                if len(value) >= _MIN_EXTRACTED and value in flat:
+                    text = _soft_broken(value).sub(_bullets, text)
+        if self.words is not None:
+            text = self.words.sub(lambda match: _keep_length(match.group()), text)
+        return text
+
+    def _having(self, piece: str) -> list[str]:
+        found = self._by_piece.get(piece)
+        if found is None:
+            found = self._by_piece[piece] = [v for v in self.cut if piece in v]
+        return found
+
+    def _mask_cut(self, text: str) -> str:
+        pieces = text.split(_CUT)
+        for i in range(len(pieces) - 1):
+            before, after = pieces[i], pieces[i + 1]
+            start = max(
+                (_start_before_cut(before, v) for v in self._having(before[-4:])), default=0
+            )
+            end = max((_end_after_cut(after, v) for v in self._having(after[:4])), default=0)
+            pieces[i] = before[: len(before) - start] + "\u2022" * start
+            pieces[i + 1] = "\u2022" * end + after[end:]
+        return _CUT.join(pieces)
 
 
 _CUT = "..."  # what pytest's saferepr puts in the middle of a repr it shortens
 _MIN_CUT = 4
+#: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``).
+_SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
 
 
-def _mask_cut(text: str, values: Collection[str]) -> str:
-    pieces = text.split(_CUT)
-    for i in range(len(pieces) - 1):
-        before, after = pieces[i], pieces[i + 1]
-        start = max((_start_before_cut(before, v) for v in values), default=0)
-        end = max((_end_after_cut(after, v) for v in values), default=0)
-        pieces[i] = before[: len(before) - start] + "\u2022" * start
-        pieces[i + 1] = "\u2022" * end + after[end:]
-    return _CUT.join(pieces)
+def _overlap(value: str) -> int:
+    """How much of ``value`` a cut piece must show to count: half of it, 4 to 8."""
+    return min(8, max(_MIN_CUT, len(value) // 2))
 
 
 def _start_before_cut(before: str, value: str) -> int:
-    """How long a start of ``value`` ends ``before`` (0 if shorter than _MIN_CUT)."""
+    """How long a start of ``value`` ends ``before`` (0 if too short to tell)."""
     tail = before[-_MIN_CUT:]
     if len(tail) < _MIN_CUT:
         return 0
     best, at = 0, value.find(tail)
     while at != -1:
-        if before.endswith(value[: at + _MIN_CUT]):
+        if at + _MIN_CUT >= _overlap(value) and before.endswith(value[: at + _MIN_CUT]):
             best = max(best, at + _MIN_CUT)
         at = value.find(tail, at + 1)
     return best
 
 
 def _end_after_cut(after: str, value: str) -> int:
-    """How long an end of ``value`` begins ``after`` (0 if shorter than _MIN_CUT)."""
+    """How long an end of ``value`` begins ``after`` (0 if too short to tell)."""
     head = after[:_MIN_CUT]
     if len(head) < _MIN_CUT:
         return 0
     best, at = 0, value.find(head)
     while at != -1:
-        if after.startswith(value[at:]):
+        if len(value) - at >= _overlap(value) and after.startswith(value[at:]):
             best = max(best, len(value) - at)
         at = value.find(head, at + 1)
     return best
@@ -388,7 +432,8 @@ def _end_after_cut(after: str, value: str) -> int:
 @lru_cache(maxsize=1024)
 def _soft_broken(value: str) -> re.Pattern[str]:
     """``value`` with a quoted-printable soft line break allowed between any two characters."""
-    return re.compile("(?:=\r?\n)?".join(map(re.escape, value)))
+    separator = f"(?:{_SOFT_BREAK.pattern})?"
+    return re.compile(separator.join(map(re.escape, value)))
 
 
 def _bullets(match: re.Match[str]) -> str:

@@ -51,7 +51,6 @@ _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
-_shows_passes_key = pytest.StashKey[bool]()
 _contract_key = pytest.StashKey[EmailContract]()  # the test's, checked at its setup
 
 
@@ -94,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_fixtures_key] = fixtures = _Fixtures(config)
     config.pluginmanager.register(fixtures.plugin(), "mailbox-fixtures")
     config.pluginmanager.register(_MarkerCheck(settings), "mailbox-marker")
-    config.pluginmanager.register(_ShownOutput(config), "mailbox-subtests")
+    config.pluginmanager.register(_ShownOutput(), "mailbox-shown-output")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
     config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
@@ -461,27 +460,9 @@ def pytest_runtest_makereport(
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
-    if _shown(report, item.config):
+    if not report.passed or report.sections:  # a pass shows its output too: -rP, JUnit, …
         _mask_extracted(report)
     return report
-
-
-def _shown(report: pytest.TestReport, config: pytest.Config) -> bool:
-    """A report that is not a pass is shown; a pass only shows its captured output where
-    -rP or -rA, JUnit's junit_logging or pytest-html's --html asks for it."""
-    if not report.passed:
-        return True
-    if not report.sections:
-        return False
-    shows = config.stash.get(_shows_passes_key, None)
-    if shows is None:
-        chars = str(config.getoption("reportchars", "") or "")
-        junit = config.getoption("xmlpath", None) and config.getini("junit_logging") != "no"
-        html = config.getoption("htmlpath", None)  # pytest-html writes a report
-        shows = config.stash[_shows_passes_key] = bool(
-            "P" in chars or "A" in chars or junit or html
-        )
-    return shows
 
 
 class _ShownOutput:
@@ -489,51 +470,56 @@ class _ShownOutput:
     gets after ``pytest_runtest_makereport`` (its traceback was masked there), and the
     warnings summary; masked before xdist sends them or the terminal shows them."""
 
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if type(report) is not pytest.TestReport and _shown(report, self.config):
+        if type(report) is not pytest.TestReport and (not report.passed or report.sections):
             _mask_extracted(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_warning_recorded(self, warning_message: warnings.WarningMessage) -> None:
         """The warnings summary quotes a warning's message: ``warn(f"... {code}")``."""
-        values = _extracted()
+        mask = _masker(everything=True)
         text = str(warning_message.message)
-        if values and (masked := _masker(values)(text)) != text:
+        if mask is not None and (masked := mask(text)) != text:
             warning_message.message = masked  # a str, as xdist sends one
 
 
-def _extracted() -> set[str]:
-    """What the running test extracted, from any mailbox and whatever its length; what the
-    mailboxes still open extracted (a session fixture's); and what this process remembers
-    of others. Nothing before the message module was imported: nothing was extracted."""
+def _masker(*, everything: bool) -> Callable[[str], str] | None:
+    """What masks a report: the values the running test extracted, from any mailbox and
+    whatever their length; those of mailboxes still open (a session fixture's), the short
+    ones only where they stand alone; and, with ``everything`` (a report that failed, or a
+    warning), what this process remembers of other tests. None if there is nothing to mask
+    (nothing before the message module was imported: nothing was extracted). Built once
+    for each set of values."""
     message = sys.modules.get("pytest_mailbox.message")
     if message is None:
-        return set()
+        return None
     mailbox = sys.modules.get("pytest_mailbox.mailbox")
     live = mailbox.live_extracted() if mailbox is not None else set()
-    return {*message.TEST_EXTRACTED, *message._EXTRACTED, *live}
+    values = {*message.TEST_EXTRACTED, *(v for v in live if len(v) >= message._MIN_EXTRACTED)}
+    if everything:
+        values.update(message._EXTRACTED)
+    words = {v for v in live if len(v) < message._MIN_EXTRACTED} - values
+    if not values and not words:
+        return None
+    key = (frozenset(values), frozenset(words))
+    if _MASKERS.get(key) is None:
+        _MASKERS.clear()  # the values change with each test that extracts: keep the last
+        escaped = {repr(value)[1:-1] for value in values}  # as a repr shows them
+        _MASKERS[key] = message.Masker({*values, *escaped}, words)
+    return _MASKERS[key]
+
+
+_MASKERS: dict[tuple[frozenset[str], frozenset[str]], Callable[[str], str]] = {}
 
 
 def _mask_extracted(report: pytest.TestReport) -> None:
-    values = _extracted()
-    if values:
-        _mask_report(report, values)
+    mask = _masker(everything=not report.passed)
+    if mask is not None:
+        _mask_report(report, mask)
 
 
-def _masker(values: set[str]) -> Callable[[str], str]:
-    """Masks ``values`` in a text, also as a repr escapes them, cut short or broken."""
-    # Imported by the mailbox, if anything was extracted: a run without mail never pays.
-    from pytest_mailbox.message import mask_shown  # noqa: PLC0415
-
-    shown = {*values, *(repr(value)[1:-1] for value in values)}
-    return lambda text: mask_shown(text, shown)
-
-
-def _mask_report(report: pytest.TestReport, values: set[str]) -> None:
+def _mask_report(report: pytest.TestReport, mask: Callable[[str], str]) -> None:
     """Mask ``values`` wherever a failed or skipped report would show them: its long
     representation (source and explanation lines, arguments, locals, the crash message
     that the short summary and JUnit take) and its captured output.
@@ -541,7 +527,6 @@ def _mask_report(report: pytest.TestReport, values: set[str]) -> None:
     pytest's repr objects are changed in place, so that their structure (colours, ``--tb``
     styles, xdist's serialisation, JUnit, pytest-html) stays as it was.
     """
-    mask = _masker(values)
     longrepr = report.longrepr
     if isinstance(longrepr, str | tuple | TerminalRepr):  # a skip's: (path, line, reason)
         report.longrepr = _masked(longrepr, mask, set())
