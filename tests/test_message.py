@@ -937,5 +937,15 @@ def test_a_masker_leaves_what_unrelated_output_shows() -> None:
     assert mask("code 4829...") == "code ••••..."  # half of a six-digit code, cut short
     assert mask("token=Zq8x...") == "token=Zq8x..."  # four of 24 characters tell nothing
     assert mask("token=Zq8xYtK2m...") == "token=•••••••••..."
+    assert mask("'...RvLsAb3dEf7h', the end") == "'...••••••••••••', the end"  # its end
+    assert mask("x...y") == "x...y"
     # a raw message's soft line break, as a repr shows it
     assert mask("token=3DZq8xY=\\r\\ntK2mPw9RvLsAb3dEf7h") == "token=3D" + "•" * 29
+
+
+def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:
+    parts = remember_extracted("link", "https://bare-host.example.test/")
+
+    assert parts == {"https://bare-host.example.test/"}
+    assert "https://bare-host.example.test/" in message_module.TEST_EXTRACTED
+    assert "https://bare-host.example.test/" not in message_module._EXTRACTED  # every link
