@@ -944,8 +944,47 @@ def test_a_masker_leaves_what_unrelated_output_shows() -> None:
 
 
 def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:
-    parts = remember_extracted("link", "https://bare-host.example.test/")
+    shared = remember_extracted("link", "https://bare-host.example.test/")
 
-    assert parts == {"https://bare-host.example.test/"}
+    assert shared == set()  # nothing another test, or an open mailbox, masks: every link
     assert "https://bare-host.example.test/" in message_module.TEST_EXTRACTED
-    assert "https://bare-host.example.test/" not in message_module._EXTRACTED  # every link
+    assert "https://bare-host.example.test/" not in message_module._EXTRACTED
+
+
+@pytest.mark.parametrize(
+    ("link", "own_only"),
+    [
+        ("https://app.example.test/reset/48291375", ["48291375", "/reset/48291375"]),
+        ("https://app.example.test/v?t=kq7pxzmw", ["kq7pxzmw", "/v?t=kq7pxzmw"]),
+        ("https://app.example.test/v?token=qwerty12345;lang=en", ["qwerty12345"]),
+    ],
+)
+def test_every_part_of_a_link_but_words_is_masked_in_its_own_test(
+    link: str, own_only: list[str]
+) -> None:
+    """Short, numeric or plain tokens: its own test masks them; others keep such words."""
+    message_module.TEST_EXTRACTED.clear()
+    shared = remember_extracted("link", link)
+
+    for part in own_only:
+        assert part in message_module.TEST_EXTRACTED
+        assert part not in shared
+    assert "reset" not in message_module.TEST_EXTRACTED  # a word
+    assert "en" not in message_module.TEST_EXTRACTED
+
+
+def test_a_token_in_a_links_fragment_is_remembered() -> None:
+    link = "https://app.example.test/cb#access_token=Zq8xYtK2mPw9RvLsAb3dEf7h&state=s1"
+
+    assert "Zq8xYtK2mPw9RvLsAb3dEf7h" in remember_extracted("link", link)
+
+
+def test_what_other_tests_extracted_is_masked_only_where_it_stands_whole() -> None:
+    mask = Masker(set(), words={"2026"}, shared={"739154", "Zq8xYtK2mPw9RvLsAb3dEf7h"})
+
+    assert mask("logged in with 739154") == "logged in with ••••54"
+    assert mask("url: /cb?t=Zq8xYtK2mPw9RvLsAb3dEf7h") == "url: /cb?t=••••••••••••••••••••••7h"
+    for line in ("job 7391541 done", "job 318279... done", "Date: 03 Dec 2026 17:50:42"):
+        assert mask(line) == line
+    assert Masker({"827907"})("job 318279...") == "job 318279..."  # not mid-number
+    assert Masker({"827907"})("code 8279...") == "code ••••..."

@@ -205,7 +205,7 @@ def _is_token(word: str) -> bool:
     (upper, lower, digit) at every fourth character or more, as random text does, and not
     capitalised words run together (``SpringPromo2026Launch``); hex digits with letters;
     or a UUID."""
-    if _OWN_ID.fullmatch(word) or _CAMEL.fullmatch(word):
+    if len(word) < _TOKEN_MIN or _OWN_ID.fullmatch(word) or _CAMEL.fullmatch(word):
         return False
     if _UUID.fullmatch(word) or (
         _HEX.fullmatch(word) and not word.isdigit() and not word.isalpha()
@@ -268,46 +268,54 @@ TEST_EXTRACTED: set[str] = set()
 _EXTRACTED_KEPT = 256
 _MIN_EXTRACTED = 6
 _MIN_LINK_PART = 8
+_TOKEN_MIN = 16
 
 
 def remember_extracted(kind: str, value: str) -> set[str]:
-    """Keep ``value`` and, for a link, the parts of it that look like secrets: the running
-    test's report masks them whatever their length, later errors and reports of this
-    process those of six characters or more. Returns them all."""
-    parts = {value, *(_link_parts(value) if kind == "link" else ())}
-    TEST_EXTRACTED.update(parts)
-    split = urlsplit(value) if kind == "link" else None
-    if split is not None and split.path.strip("/") == "" and not split.query:
-        kept = parts - {value}  # a bare host is no secret, and would mask every other link
-    else:
-        kept = parts
-    for part in sorted(kept):
+    """Keep ``value`` and, for a link, its parts: the running test's report masks the link's
+    every part that is not a word, whatever its length (``/reset/48291375``,
+    ``?t=kq7pxzmw``); other tests' reports and later errors, the link and its parts that
+    look like secrets, of six characters or more. Returns what other tests may mask."""
+    own, shared = ({value}, {value}) if kind != "link" else _link_parts(value)
+    TEST_EXTRACTED.update(own)
+    for part in sorted(shared):
         if len(part) >= _MIN_EXTRACTED:
             _EXTRACTED.pop(part, None)
             _EXTRACTED[part] = None
     while len(_EXTRACTED) > _EXTRACTED_KEPT:
         del _EXTRACTED[next(iter(_EXTRACTED))]
-    return parts
+    return shared
 
 
-def _link_parts(link: str) -> set[str]:
-    """The query values, path segments and fragment of ``link`` that look like secrets, as
-    sent (``k3J%2B9aQ``), decoded and encoded again; then its path and query as an HTTP
-    client's error shows them (``url: /magic/aB3dE5fG7h2k?next=%2Fhome``), and the link
-    encoded as a redirect's parameter. Ids, numbers and words (``/users/12345678``,
-    ``spring2026``, ``next=/dashboard``) are left out: other reports quote them too."""
+def _link_parts(link: str) -> tuple[set[str], set[str]]:
+    """(what the test's own report masks, what others may): the query values, path
+    segments and fragment values of ``link``, as sent (``k3J%2B9aQ``), decoded and encoded
+    again; its path and query as an HTTP client's error shows them (``url:
+    /magic/aB3dE5fG7h2k?next=%2Fhome``); and the link encoded as a redirect's parameter.
+    Its own test masks every part that is not a lower-case word; others only those that
+    look like secrets: ids, numbers and words (``/users/12345678``, ``spring2026``) are
+    not, and a bare host is no secret at all (it would mask every other link)."""
     split = urlsplit(link)
-    raw = [pair.partition("=")[2] for pair in split.query.split("&")] if split.query else []
-    raw += [*split.path.split("/"), split.fragment]
-    secret: set[str] = set()
+    raw = [*split.path.split("/")]
+    for pairs in (split.query, split.fragment):  # a fragment may hold a query (OAuth)
+        for pair in re.split("[&;]", pairs) if pairs else ():
+            raw.append(pair.partition("=")[2] if "=" in pair else pair)
+    start = link.find(split.netloc) + len(split.netloc) if split.netloc else 0
+    own, shared = {link}, set()
     for value in raw:
         decoded = unquote_plus(value)
+        forms = {value, decoded, quote(decoded, safe="")}
+        if len(decoded) >= _MIN_EXTRACTED and not _WORD.fullmatch(decoded):
+            own |= forms
         if _secret_like(decoded):
-            secret |= {value, decoded, quote(decoded, safe="")}
-    if secret:
-        start = link.find(split.netloc) + len(split.netloc) if split.netloc else 0
-        secret |= {link[start:], quote(link, safe="")}
-    return secret
+            shared |= forms
+    if own != {link} or split.query:
+        own |= {link[start:], quote(link, safe="")}
+    if shared:
+        shared |= {link[start:], quote(link, safe="")}
+    if split.path.strip("/") or split.query or split.fragment:
+        shared.add(link)
+    return own, shared
 
 
 def _secret_like(part: str) -> bool:
@@ -336,42 +344,61 @@ def mask_values(text: str, values: Iterable[str]) -> str:
 
 
 class Masker:
-    """Masks ``values`` in output pytest shows (reports, warnings): whole; where pytest cut
-    a long repr short around ``...`` (``'…token=Zq8xYtK2m...e team'``); across the
-    quoted-printable soft line breaks (``=`` at a line's end) of a raw message a test
-    printed; and ``words`` (short values of other tests) only where they stand alone, so
-    that another test's PIN ``2026`` leaves ``2026-12-03`` as it is. A cut or broken piece
-    is bullets only. Built once for a set of values, it remembers what it looked up."""
+    """Masks what tests extracted in output pytest shows (reports, warnings).
 
-    def __init__(self, values: Collection[str], words: Collection[str] = ()) -> None:
+    - ``values`` (the running test's, and open mailboxes' of six characters or more):
+      wherever they show, also inside a word;
+    - ``shared`` (what the process remembers of other tests): where one stands whole, as a
+      run of token characters, a link or a path, so that a remembered ``827907`` leaves
+      ``job 8279071`` as it is, and a few hundred of them cost one pass over the text;
+    - ``words`` (short values of other tests' open mailboxes): only where they stand
+      alone, so that another test's PIN ``2026`` leaves ``2026-12-03`` as it is.
+
+    A value is also masked where pytest cut a long repr short around ``...``
+    (``'…token=Zq8xYtK2m...e team'``) and across the quoted-printable soft line breaks
+    (``=`` at a line's end) of a raw message a test printed; a cut or broken piece is
+    bullets only. Built once for a set of values, it remembers what it looked up.
+    """
+
+    def __init__(
+        self, values: Collection[str], words: Collection[str] = (), shared: Collection[str] = ()
+    ) -> None:
         self.values = sorted({v for v in values if v}, key=len, reverse=True)
+        self.shared = frozenset(v for v in shared if v) - set(self.values)
         # A cut is matched on codes and tokens only: a link's start is its host, which an
         # unrelated line may show just as well (``Connecting to https://app…...``).
         self.cut = [
-            v for v in self.values
-            if len(v) >= _MIN_CUT and "://" not in v and "%3A%2F%2F" not in v and v[0] != "/"
+            v for v in (*self.values, *self.shared)
+            if _MIN_CUT <= len(v) <= _MAX_PIECED and "://" not in v and "%3A%2F%2F" not in v
+            and v[0] != "/"
         ]  # fmt: skip
         self._by_piece: dict[str, list[str]] = {}
         shown = sorted({w for w in words if w and w not in self.values}, key=len, reverse=True)
         alternatives = "|".join(map(re.escape, shown))
-        self.words = (
-            re.compile(rf"(?<![\w\-:./])(?:{alternatives})(?![\w\-:./])") if shown else None
-        )
+        alone = rf"(?<![\w\-:./])(?:{alternatives})(?![\w\-:./]|\s\d{{1,2}}:\d\d)"
+        self.words = re.compile(alone) if shown else None
 
     def __call__(self, text: str) -> str:
         if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
             text = self._mask_cut(text)
-        for value in self.values:
-            if value in text:
-                text = text.replace(value, _keep_length(value))
+        for value in self._present(text):
+            text = text.replace(value, _keep_length(value))
         if _SOFT_BREAK.search(text):
-            flat = _SOFT_BREAK.sub("", text)
-            for value in self.values:
-                if len(value) >= _MIN_EXTRACTED and value in flat:
+            for value in self._present(_SOFT_BREAK.sub("", text)):
+                if _MIN_EXTRACTED <= len(value) <= _MAX_PIECED:
                     text = _soft_broken(value).sub(_bullets, text)
         if self.words is not None:
             text = self.words.sub(lambda match: _keep_length(match.group()), text)
         return text
+
+    def _present(self, text: str) -> list[str]:
+        """The values ``text`` holds, longest first."""
+        found = [v for v in self.values if v in text]
+        if self.shared:
+            runs = {*_RUN.findall(text), *_URL_IN_TEXT.findall(text), *_PATH.findall(text)}
+            runs |= {_trim_url(run) for run in runs}
+            found += [run for run in runs if run in self.shared]
+        return sorted(set(found), key=len, reverse=True)
 
     def _having(self, piece: str) -> list[str]:
         found = self._by_piece.get(piece)
@@ -394,6 +421,11 @@ class Masker:
 
 _CUT = "..."  # what pytest's saferepr puts in the middle of a repr it shortens
 _MIN_CUT = 4
+#: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
+_MAX_PIECED = 4096
+#: What a remembered value stands as, whole: a run of token characters, or a path.
+_RUN = re.compile(r"[\w\-%~+]+")
+_PATH = re.compile(r"/[^\s'\"<>()\[\]{},]*")
 #: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``).
 _SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
 
@@ -410,8 +442,11 @@ def _start_before_cut(before: str, value: str) -> int:
         return 0
     best, at = 0, value.find(tail)
     while at != -1:
-        if at + _MIN_CUT >= _overlap(value) and before.endswith(value[: at + _MIN_CUT]):
-            best = max(best, at + _MIN_CUT)
+        size = at + _MIN_CUT
+        # The piece starts where a word does: not in the middle of a number (``8279071``).
+        edge = before[-size - 1 : -size] if size < len(before) else ""
+        if size >= _overlap(value) and not edge.isalnum() and before.endswith(value[:size]):
+            best = max(best, size)
         at = value.find(tail, at + 1)
     return best
 
@@ -423,8 +458,10 @@ def _end_after_cut(after: str, value: str) -> int:
         return 0
     best, at = 0, value.find(head)
     while at != -1:
-        if len(value) - at >= _overlap(value) and after.startswith(value[at:]):
-            best = max(best, len(value) - at)
+        size = len(value) - at
+        edge = after[size : size + 1]  # the piece ends where a word does
+        if size >= _overlap(value) and not edge.isalnum() and after.startswith(value[at:]):
+            best = max(best, size)
         at = value.find(head, at + 1)
     return best
 

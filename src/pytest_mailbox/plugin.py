@@ -478,43 +478,42 @@ class _ShownOutput:
     @pytest.hookimpl(tryfirst=True)
     def pytest_warning_recorded(self, warning_message: warnings.WarningMessage) -> None:
         """The warnings summary quotes a warning's message: ``warn(f"... {code}")``."""
-        mask = _masker(everything=True)
+        mask = _masker()
         text = str(warning_message.message)
         if mask is not None and (masked := mask(text)) != text:
             warning_message.message = masked  # a str, as xdist sends one
 
 
-def _masker(*, everything: bool) -> Callable[[str], str] | None:
-    """What masks a report: the values the running test extracted, from any mailbox and
-    whatever their length; those of mailboxes still open (a session fixture's), the short
-    ones only where they stand alone; and, with ``everything`` (a report that failed, or a
-    warning), what this process remembers of other tests. None if there is nothing to mask
-    (nothing before the message module was imported: nothing was extracted). Built once
-    for each set of values."""
+def _masker() -> Callable[[str], str] | None:
+    """What masks a report or a warning (``message.Masker``): the values the running test
+    extracted, from any mailbox and whatever their length, and those of mailboxes still
+    open (a session fixture's), wherever they show; the short ones of those only where
+    they stand alone; what this process remembers of other tests where one stands whole.
+    None if there is nothing to mask (nothing before the message module was imported:
+    nothing was extracted). Built once for each set of values."""
     message = sys.modules.get("pytest_mailbox.message")
     if message is None:
         return None
     mailbox = sys.modules.get("pytest_mailbox.mailbox")
     live = mailbox.live_extracted() if mailbox is not None else set()
     values = {*message.TEST_EXTRACTED, *(v for v in live if len(v) >= message._MIN_EXTRACTED)}
-    if everything:
-        values.update(message._EXTRACTED)
     words = {v for v in live if len(v) < message._MIN_EXTRACTED} - values
-    if not values and not words:
+    shared = set(message._EXTRACTED)
+    if not values and not words and not shared:
         return None
-    key = (frozenset(values), frozenset(words))
+    key = (frozenset(values), frozenset(words), frozenset(shared))
     if _MASKERS.get(key) is None:
         _MASKERS.clear()  # the values change with each test that extracts: keep the last
         escaped = {repr(value)[1:-1] for value in values}  # as a repr shows them
-        _MASKERS[key] = message.Masker({*values, *escaped}, words)
+        _MASKERS[key] = message.Masker({*values, *escaped}, words, shared)
     return _MASKERS[key]
 
 
-_MASKERS: dict[tuple[frozenset[str], frozenset[str]], Callable[[str], str]] = {}
+_MASKERS: dict[tuple[frozenset[str], ...], Callable[[str], str]] = {}
 
 
 def _mask_extracted(report: pytest.TestReport) -> None:
-    mask = _masker(everything=not report.passed)
+    mask = _masker()
     if mask is not None:
         _mask_report(report, mask)
 
