@@ -979,12 +979,35 @@ def test_a_token_in_a_links_fragment_is_remembered() -> None:
     assert "Zq8xYtK2mPw9RvLsAb3dEf7h" in remember_extracted("link", link)
 
 
-def test_what_other_tests_extracted_is_masked_only_where_it_stands_whole() -> None:
-    mask = Masker(set(), words={"2026"}, shared={"739154", "Zq8xYtK2mPw9RvLsAb3dEf7h"})
+def test_what_other_tests_extracted_is_masked_wherever_it_shows_but_inside_numbers() -> None:
+    link = "https://app.example.test/reset/48291375"
+    mask = Masker(set(), words={"2026"}, shared={"739154", "Zq8xYtK2mPw9RvLsAb3dEf7h", link})
 
     assert mask("logged in with 739154") == "logged in with ••••54"
+    assert mask("code739154, +739154") == "code••••54, +••••54"
     assert mask("url: /cb?t=Zq8xYtK2mPw9RvLsAb3dEf7h") == "url: /cb?t=••••••••••••••••••••••7h"
+    assert mask(f"'code:\\n739154\\nor {link}\\n'") == (  # as a repr escapes a line break
+        "'code:\\n••••54\\nor " + "•" * (len(link) - 2) + "75\\n'"
+    )
     for line in ("job 7391541 done", "job 318279... done", "Date: 03 Dec 2026 17:50:42"):
         assert mask(line) == line
     assert Masker({"827907"})("job 318279...") == "job 318279..."  # not mid-number
     assert Masker({"827907"})("code 8279...") == "code ••••..."
+
+
+def test_its_own_test_masks_a_links_numbers_and_tokens_but_not_its_names() -> None:
+    message_module.TEST_EXTRACTED.clear()
+    remember_extracted(
+        "link",
+        "https://app.example.test/Account/ConfirmEmail"
+        "?userId=1234567&email=alice%40example.test&redirect=%2Fdashboard&lang=en-US",
+    )
+
+    assert "1234567" in message_module.TEST_EXTRACTED  # a reset link's token may be a number
+    for name in ("alice%40example.test", "alice@example.test", "%2Fdashboard", "ConfirmEmail"):
+        assert name not in message_module.TEST_EXTRACTED
+    assert "en-US" not in message_module.TEST_EXTRACTED
+
+
+def test_a_link_with_raw_bytes_is_remembered_without_raising() -> None:
+    assert remember_extracted("link", "https://a.test/x?t=\udcffabcdefgh12")

@@ -304,18 +304,35 @@ def _link_parts(link: str) -> tuple[set[str], set[str]]:
     own, shared = {link}, set()
     for value in raw:
         decoded = unquote_plus(value)
-        forms = {value, decoded, quote(decoded, safe="")}
-        if len(decoded) >= _MIN_EXTRACTED and not _WORD.fullmatch(decoded):
-            own |= forms
+        forms = {value, decoded, quote(decoded, safe="", errors="surrogatepass")}
         if _secret_like(decoded):
             shared |= forms
-    if own != {link} or split.query:
-        own |= {link[start:], quote(link, safe="")}
+        elif _token_for_its_test(decoded):
+            own |= forms
+    whole = {link[start:], quote(link, safe="", errors="surrogatepass")}
     if shared:
-        shared |= {link[start:], quote(link, safe="")}
+        shared |= whole
+    if shared or own != {link}:
+        own |= whole
     if split.path.strip("/") or split.query or split.fragment:
         shared.add(link)
     return own, shared
+
+
+def _token_for_its_test(part: str) -> bool:
+    """A part of a link its own test masks too, though others may show its like: six
+    digits or more (``/reset/48291375``), or eight letters and digits that are no name
+    (``?t=kq7pxzmw``); not a word, a date, an address or a path (``en-US``,
+    ``alice%40example.test``, ``ConfirmEmail``)."""
+    if part.isdigit():
+        return len(part) >= _MIN_EXTRACTED
+    return (
+        len(part) >= _MIN_LINK_PART
+        and part.isalnum()
+        and part.isascii()
+        and any(c.isdigit() for c in part)
+        and not (_CAMEL.fullmatch(part) and not part.islower())  # ConfirmEmail2, not abc123
+    )
 
 
 def _secret_like(part: str) -> bool:
@@ -346,18 +363,18 @@ def mask_values(text: str, values: Iterable[str]) -> str:
 class Masker:
     """Masks what tests extracted in output pytest shows (reports, warnings).
 
-    - ``values`` (the running test's, and open mailboxes' of six characters or more):
-      wherever they show, also inside a word;
-    - ``shared`` (what the process remembers of other tests): where one stands whole, as a
-      run of token characters, a link or a path, so that a remembered ``827907`` leaves
-      ``job 8279071`` as it is, and a few hundred of them cost one pass over the text;
+    - ``values`` (the running test's, and open mailboxes' of six characters or more) and
+      ``shared`` (what the process remembers of other tests): wherever they show, also
+      inside a word;
     - ``words`` (short values of other tests' open mailboxes): only where they stand
       alone, so that another test's PIN ``2026`` leaves ``2026-12-03`` as it is.
 
-    A value is also masked where pytest cut a long repr short around ``...``
-    (``'…token=Zq8xYtK2m...e team'``) and across the quoted-printable soft line breaks
-    (``=`` at a line's end) of a raw message a test printed; a cut or broken piece is
-    bullets only. Built once for a set of values, it remembers what it looked up.
+    A value of digits only is masked where no digit touches it: a remembered ``827907``
+    leaves ``job 8279071`` as it is. A value is also masked where pytest cut a long repr
+    short around ``...`` (``'…token=Zq8xYtK2m...e team'``) and across the quoted-printable
+    soft line breaks (``=`` at a line's end) of a raw message a test printed; a cut or
+    broken piece is bullets only. Built once for a set of values, it remembers what it
+    looked up.
     """
 
     def __init__(
@@ -382,7 +399,10 @@ class Masker:
         if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
             text = self._mask_cut(text)
         for value in self._present(text):
-            text = text.replace(value, _keep_length(value))
+            if value.isdigit():  # not inside a longer number
+                text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
+            else:
+                text = text.replace(value, _keep_length(value))
         if _SOFT_BREAK.search(text):
             for value in self._present(_SOFT_BREAK.sub("", text)):
                 if _MIN_EXTRACTED <= len(value) <= _MAX_PIECED:
@@ -394,10 +414,7 @@ class Masker:
     def _present(self, text: str) -> list[str]:
         """The values ``text`` holds, longest first."""
         found = [v for v in self.values if v in text]
-        if self.shared:
-            runs = {*_RUN.findall(text), *_URL_IN_TEXT.findall(text), *_PATH.findall(text)}
-            runs |= {_trim_url(run) for run in runs}
-            found += [run for run in runs if run in self.shared]
+        found += [v for v in self.shared if v in text]
         return sorted(set(found), key=len, reverse=True)
 
     def _having(self, piece: str) -> list[str]:
@@ -423,9 +440,6 @@ _CUT = "..."  # what pytest's saferepr puts in the middle of a repr it shortens
 _MIN_CUT = 4
 #: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
 _MAX_PIECED = 4096
-#: What a remembered value stands as, whole: a run of token characters, or a path.
-_RUN = re.compile(r"[\w\-%~+]+")
-_PATH = re.compile(r"/[^\s'\"<>()\[\]{},]*")
 #: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``).
 _SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
 
