@@ -343,7 +343,8 @@ class _Fixtures:
         item = self.test()
         contract = item.stash.get(_contract_key, None)  # checked at setup (_MarkerCheck)
         if contract is None:  # pragma: no cover - only with -p no:mailbox-marker
-            contract = _contract_of(item, self.config.stash[_settings_key])
+            marker = item.get_closest_marker("email_contract")
+            contract = _contract_for(marker, self.config.stash[_settings_key])
         return contract
 
     def isolated_mailbox(
@@ -391,13 +392,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         message.TEST_EXTRACTED.clear()
 
 
-def _contract_of(item: pytest.Item, settings: Settings) -> EmailContract:
-    """The test's contract: the mailbox_* ini defaults, overlaid by its closest
-    email_contract marker; an invalid marker fails the test, naming the field."""
-    return _contract_for(item.get_closest_marker("email_contract"), settings)
-
-
 def _contract_for(marker: pytest.Mark | None, settings: Settings) -> EmailContract:
+    """A test's contract: the mailbox_* ini defaults, overlaid by its closest
+    email_contract ``marker``; an invalid marker fails the test, naming the field."""
     if marker is None:
         return settings.contract
     if marker.args:
@@ -487,8 +484,9 @@ class _ShownOutput:
 def _masker() -> Callable[[str], str] | None:
     """What masks a report or a warning (``message.Masker``): the values the running test
     extracted, from any mailbox and whatever their length, and those of mailboxes still
-    open (a session fixture's), wherever they show; the short ones of those only where
-    they stand alone; what this process remembers of other tests where one stands whole.
+    open (a session fixture's), and what this process remembers of other tests, wherever
+    they show (a number where no digit touches it); the short ones of open mailboxes only
+    where they stand alone.
     None if there is nothing to mask (nothing before the message module was imported:
     nothing was extracted). Built once for each set of values."""
     message = sys.modules.get("pytest_mailbox.message")
@@ -519,9 +517,9 @@ def _mask_extracted(report: pytest.TestReport) -> None:
 
 
 def _mask_report(report: pytest.TestReport, mask: Callable[[str], str]) -> None:
-    """Mask ``values`` wherever a failed or skipped report would show them: its long
-    representation (source and explanation lines, arguments, locals, the crash message
-    that the short summary and JUnit take) and its captured output.
+    """Apply ``mask`` wherever a report shows text: its long representation (source and
+    explanation lines, arguments, locals, the crash message that the short summary and
+    JUnit take), its captured output and its xfail reason.
 
     pytest's repr objects are changed in place, so that their structure (colours, ``--tb``
     styles, xdist's serialisation, JUnit, pytest-html) stays as it was.
