@@ -463,3 +463,31 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
     assert Receipt.model_validate_json(line) == receipt
     page = html.unescape((pytester.path / "report.html").read_text(encoding="utf-8"))
     assert page.count("mailbox-receipt") == 1  # test_mail's row; the others have none
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_an_address_that_is_not_utf8_in_the_log_does_not_kill_a_worker(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """aiosmtpd logs a refused address as it decoded it, a lone surrogate in place of the
+    byte; pytest keeps the record in the report, which xdist could not send (INTERNALERROR)."""
+    pytester.makepyfile(
+        """
+        import socket
+
+
+        def test_raw(mailbox_server):
+            with socket.create_connection((mailbox_server.host, mailbox_server.port)) as sock:
+                replies = sock.makefile("rb")
+                replies.readline()
+                for line in (b"HELO c.test", b"MAIL FROM:<a@example.test>"):
+                    sock.sendall(line + b"\\r\\n")
+                    assert replies.readline().startswith(b"250")
+                sock.sendall(b"RCPT TO:<a@mailbox.test\\xff>\\r\\n")
+                assert replies.readline().startswith(b"553 5.6.7")
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-o", "log_level=INFO", "-rP")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*recip: a@mailbox.test\\udcff"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()

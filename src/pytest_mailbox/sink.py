@@ -77,7 +77,13 @@ _LINE_TOO_LONG = "500 Line too long (see RFC5321 4.5.3.1.6)"
 
 
 class _NoContent(logging.Filter):
-    """Drop aiosmtpd records that carry message data or raw protocol lines."""
+    """Drop aiosmtpd records that carry message data or raw protocol lines, and spell out
+    the bytes of an address that was not UTF-8.
+
+    aiosmtpd decodes an address with ``surrogateescape`` and logs it as it is (``recip:
+    a@mailbox.test\\udcff``). pytest keeps that record in the report, and pytest-xdist
+    cannot send a lone surrogate to the controller: the worker died with an internal error.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not isinstance(record.msg, str):
@@ -85,7 +91,18 @@ class _NoContent(logging.Filter):
         if record.msg == _UNKNOWN_COMMAND_LOG:
             peer = record.args[:1] if isinstance(record.args, tuple) else ("?",)
             record.msg, record.args = "%r sent an unrecognised command", peer
-        return not record.msg.startswith(_CONTENT_LOGS)
+        if record.msg.startswith(_CONTENT_LOGS):
+            return False
+        if isinstance(record.args, tuple) and any(
+            isinstance(arg, str) and _SURROGATE.search(arg) for arg in record.args
+        ):
+            record.args = tuple(
+                arg.encode("utf-8", "backslashreplace").decode("utf-8")
+                if isinstance(arg, str)
+                else arg
+                for arg in record.args
+            )
+        return True
 
 
 def transport_defects(raw: bytes) -> list[str]:
