@@ -10,7 +10,12 @@ NODE_DIR := .node
 NODE_STAMP := $(NODE_DIR)/.installed
 NODE_DEPS := $(if $(shell command -v node 2>/dev/null),$(NODE_STAMP))
 
-.PHONY: bootstrap demo test lint typecheck docs unit node-deps bench clean
+# The lowest versions pyproject.toml allows (.ci/min-versions.txt), in a venv of their own.
+MIN_VENV := .venv-min
+MIN_STAMP := $(MIN_VENV)/.installed
+MIN_TESTS := examples tests/test_plugin.py tests/test_xdist.py tests/test_misuse.py
+
+.PHONY: bootstrap demo test lint typecheck docs unit mindeps node-deps bench clean
 
 bootstrap: $(STAMP)
 
@@ -48,7 +53,19 @@ unit: $(STAMP) $(NODE_DEPS)
 	$(BIN)/coverage erase
 	$(BIN)/python -m pytest -W error -n 2 --cov --cov-report=term-missing:skip-covered
 
-test: lint typecheck docs unit
+$(MIN_STAMP): pyproject.toml .ci/min-versions.txt
+	test -x $(MIN_VENV)/bin/python || $(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MIN_VENV)/bin/python -m pip install --quiet -c .ci/min-versions.txt -e . \
+		pytest-xdist pytest-html aiosmtplib hypothesis
+	touch $@
+
+# The plugin's tests through pytester, and the example suite, on those lowest versions.
+mindeps: $(MIN_STAMP)
+	$(MIN_VENV)/bin/python -m pytest -c .ci/pytest-min.ini --rootdir . -p no:cacheprovider \
+		-n 2 $(MIN_TESTS)
+
+test: lint typecheck docs unit mindeps
 
 # Benchmarks beside what we compare against (installed here): prints a table and writes
 # docs/performance.md. The full run takes a while; `make bench ARGS=--quick` under a minute.
@@ -57,4 +74,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO) $(NODE_DIR) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MIN_VENV) $(DEMO) $(NODE_DIR) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache

@@ -523,7 +523,11 @@ def test_relative_receipts_path_from_o_is_taken_from_the_ini_directory(tmp_path:
     assert receipts(cli={"receipts": "r.jsonl"}) == Path("r.jsonl")
 
 
-@pytest.mark.parametrize("table", ["tool.pytest", "tool.pytest.ini_options"])
+#: pytest 9 reads a native ``[tool.pytest]`` table; pytest 8 knows ``ini_options`` only.
+TOML_TABLES = ["tool.pytest.ini_options"] + (["tool.pytest"] if pytest.version_tuple >= (9,) else [])
+
+
+@pytest.mark.parametrize("table", TOML_TABLES)
 def test_settings_of_several_values_take_a_toml_list(pytester: pytest.Pytester, table: str) -> None:
     pytester.makepyprojecttoml(
         f"""
@@ -562,10 +566,11 @@ def test_settings_of_several_values_take_a_toml_list(pytester: pytest.Pytester, 
         ),
     ],
 )
+@pytest.mark.parametrize("table", TOML_TABLES)
 def test_bad_toml_list_is_refused_naming_the_setting(
-    pytester: pytest.Pytester, toml: str, expected: str
+    pytester: pytest.Pytester, table: str, toml: str, expected: str
 ) -> None:
-    pytester.makepyprojecttoml(f"[tool.pytest]\n{toml}\n")
+    pytester.makepyprojecttoml(f"[{table}]\n{toml}\n")
     pytester.makepyfile("def test_it(): pass")
 
     result = pytester.runpytest("-n", "0")
