@@ -985,11 +985,15 @@ def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
 
     two = "https://app.example.test/a https://cdn.example.test/b https://www.example.org/c\n"
     send(mailbox_server, mail(isolated_mailbox.address, "Two", text=two))
+    second = isolated_mailbox.wait_for(subject="Two", timeout=5)
     with pytest.raises(ExtractionError) as several:
-        isolated_mailbox.wait_for(subject="Two", timeout=5).link()
+        second.link()
     assert str(several.value).startswith(
         "2 distinct links on app.example.test, cdn.example.test (email_contract link_domains)"
     )
+    assert second.link(path="/b") == "https://cdn.example.test/b"
+    with pytest.raises(ExtractionError, match=r"^no link on .* link_domains\) under '/c'"):
+        second.link(path="/c")  # www.example.org is not on them
 
 
 @pytest.mark.email_contract(link_domains=["bücher.example"])

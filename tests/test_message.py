@@ -346,6 +346,30 @@ def test_link_without_domain_needs_exactly_one_link() -> None:
     assert TOKEN not in str(info.value)
 
 
+def test_link_by_path_picks_one_of_several_links_on_a_host() -> None:
+    """A verification mail with an unsubscribe link on the same host: the host alone is
+    ambiguous; the path's start picks one, at a segment's end."""
+    unsubscribe = "https://app.example.test/unsubscribe?list=news"
+    message = plain(f"Verify {VERIFY}\nStop: {unsubscribe}\nAlso https://app.example.test/verifyx")
+
+    with pytest.raises(ExtractionError) as several:
+        message.link("app.example.test")
+    assert "pass path= with the start of the one you want (path='/verify')" in str(several.value)
+    assert message.link("app.example.test", path="/verify") == VERIFY
+    assert message.link("app.example.test", path="/verify/") == VERIFY
+    assert message.link(path="/unsubscribe") == unsubscribe
+    assert message.link(path="/verifyx") == "https://app.example.test/verifyx"
+    with pytest.raises(ExtractionError) as none:
+        message.link("app.example.test", path="/reset")
+    assert str(none.value).startswith("no link on app.example.test under '/reset' in message m-1")
+
+
+@pytest.mark.parametrize("path", ["verify", "/verify?token=x", "/v#top", ""])
+def test_link_path_must_be_the_start_of_a_path(path: str) -> None:
+    with pytest.raises(ExtractionError, match=r"give the start of a URL path, such as '/verify'"):
+        plain(VERIFY).link(path=path)
+
+
 def test_link_with_empty_domain_is_an_extraction_error() -> None:
     with pytest.raises(ExtractionError, match="give a host name"):
         plain(VERIFY).link("  ")

@@ -162,20 +162,23 @@ class ClaimedMessage(Message):
             utc(outcome.lease_until) if outcome.lease_until is not None else None
         )
 
-    def link(self, domain: str | None = None) -> str:
-        """The one distinct link on ``domain``; with the contract's ``link_domains`` and no
-        ``domain``, the one link on any of them (links elsewhere are not candidates)."""
+    def link(self, domain: str | None = None, *, path: str | None = None) -> str:
+        """The one distinct link on ``domain`` under ``path``; with the contract's
+        ``link_domains`` and no ``domain``, the one link on any of them (links elsewhere are
+        not candidates)."""
+        __tracebackhide__ = True
         allowed = self.mailbox.contract.link_domains
         if allowed and domain is None:
-            where = f" on {', '.join(allowed)} (email_contract link_domains)"
-            return self._one_link(self._links_on(set(allowed)), where, "pass domain=")
+            candidates, where, hint = self._link_candidates(None, path, hosts=set(allowed))
+            where = f" on {', '.join(allowed)} (email_contract link_domains)" + where
+            return self._one_link(candidates, where, hint)
         if allowed and normalize_domain(domain or "") not in allowed:
             msg = (
                 f"link domain {domain!r} is not allowed by email_contract "
                 f"link_domains={list(allowed)}; pass one of them as domain=, or none"
             )
             raise ContractError(msg)
-        return super().link(domain)
+        return super().link(domain, path=path)
 
     def ack(self) -> None:
         """Consume the message: refused if the lease expired or a newer holder exists."""

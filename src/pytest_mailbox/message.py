@@ -532,6 +532,14 @@ def _host(url: str) -> str:
     return host.rstrip(".")
 
 
+def _path(url: str) -> str:
+    """The URL's path as it is written ("" if it has none or cannot be read)."""
+    try:
+        return urlsplit(_as_browsers_read(url)).path
+    except ValueError:
+        return ""
+
+
 def _trim_url(url: str) -> str:
     """Drop sentence punctuation and unbalanced closing brackets that trail a URL in prose."""
     while url:
@@ -951,17 +959,43 @@ class Message:
         """Distinct http(s) links: those in the text body, then new ones from HTML ``<a href>``."""
         return list(self._links)
 
-    def link(self, domain: str | None = None) -> str:
-        """The one distinct link on ``domain`` (any host if None); ExtractionError otherwise."""
-        if domain is None:
-            return self._one_link(list(self._links), "", "pass a narrower domain=")
-        wanted = _host(domain.strip() if "://" in domain else f"http://{domain.strip()}")
-        if not wanted:
-            msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
-            raise ExtractionError(msg, result={"message_id": self.message_id})
-        return self._one_link(
-            self._links_on({wanted}), f" on {wanted}", "the domain alone is ambiguous"
-        )
+    def link(self, domain: str | None = None, *, path: str | None = None) -> str:
+        """The one distinct link on ``domain`` (any host if None) whose path is ``path`` or
+        lies under it (``path="/verify"``: ``/verify``, ``/verify/abc?t=1``, not
+        ``/verifyx``); ExtractionError otherwise."""
+        __tracebackhide__ = True
+        return self._one_link(*self._link_candidates(domain, path))
+
+    def _link_candidates(
+        self, domain: str | None, path: str | None, hosts: set[str] | None = None
+    ) -> tuple[list[str], str, str]:
+        """The links on ``domain`` (or on ``hosts``) under ``path``, what they were looked
+        for on, and what to narrow them with: the arguments of ``_one_link``."""
+        __tracebackhide__ = True
+        where, hint = "", "pass domain= or path= (path='/verify')"
+        if hosts is not None:
+            candidates = self._links_on(hosts)
+        elif domain is None:
+            candidates = list(self._links)
+        else:
+            wanted = _host(domain.strip() if "://" in domain else f"http://{domain.strip()}")
+            if not wanted:
+                msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
+                raise ExtractionError(msg, result={"message_id": self.message_id})
+            candidates, where = self._links_on({wanted}), f" on {wanted}"
+            hint = "pass path= with the start of the one you want (path='/verify')"
+        if path is not None:
+            if not path.startswith("/") or any(c in path for c in "?#"):
+                msg = (
+                    f"link(path={mask_copied(path)!r}): give the start of a URL path, such as "
+                    "'/verify' (no query or fragment)"
+                )
+                raise ExtractionError(msg, result={"message_id": self.message_id})
+            under = path.rstrip("/") + "/"
+            candidates = [u for u in candidates if (_path(u) + "/").startswith(under)]
+            where += f" under {mask_copied(path)!r}"
+            hint = "pass a longer path="
+        return candidates, where, hint
 
     def _links_on(self, hosts: set[str]) -> list[str]:
         """The links on one of ``hosts``, compared as domains are (IDNA, lower case)."""
@@ -970,6 +1004,7 @@ class Message:
 
     def _one_link(self, candidates: list[str], where: str, hint: str) -> str:
         """The one link among ``candidates`` (recorded as a secret), or why there is none."""
+        __tracebackhide__ = True
         found = self._links
         result: dict[str, Any] = {
             "message_id": self.message_id,
@@ -1000,6 +1035,7 @@ class Message:
 
         Zero or several distinct values raise ExtractionError; values are shown masked only.
         """
+        __tracebackhide__ = True
         source = DEFAULT_CODE_PATTERN if pattern is None else pattern
         try:
             regex = re.compile(source)
