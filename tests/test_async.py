@@ -74,3 +74,25 @@ async def test_expect_none_async_sees_mail_sent_during_the_window(
 async def test_expect_none_async_passes_on_silence(isolated_mailbox: Mailbox) -> None:
     await isolated_mailbox.expect_none_async(within=0.1)
     assert isolated_mailbox.state == "reserved"
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_wait_in_an_async_test_says_to_await_the_async_one(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    started = asyncio.Event()
+    sender = asyncio.create_task(
+        _app_sends(mailbox_server, isolated_mailbox.address, "Your sign-in code", started)
+    )
+    with pytest.raises(WaitTimeout) as info:
+        isolated_mailbox.wait_for(timeout=0.2)  # the app's task cannot run meanwhile
+    assert not started.is_set()
+    assert "use `await isolated_mailbox.wait_for_async(...)`" in str(info.value)
+    await sender
+    assert (await isolated_mailbox.wait_for_async(timeout=10)).code() == "271828"
+
+
+def test_a_blocking_wait_outside_a_loop_gives_no_async_advice(isolated_mailbox: Mailbox) -> None:
+    with pytest.raises(WaitTimeout) as info:
+        isolated_mailbox.wait_for(timeout=0.01)
+    assert "wait_for_async" not in str(info.value)

@@ -18,7 +18,13 @@ from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
 
 from pytest_mailbox import store as store_module
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
-from pytest_mailbox.errors import ContractError, LeaseExpired, MailboxClosed
+from pytest_mailbox.errors import (
+    AlreadyClaimed,
+    AlreadyConsumed,
+    ContractError,
+    LeaseExpired,
+    MailboxClosed,
+)
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
 from pytest_mailbox.store import _OPEN, SWEEP_EVERY, Delivery, MailboxRow, MessageRow, Store
 
@@ -669,6 +675,50 @@ def test_refusals_after_a_claim_say_why_and_what_to_do(store: Store, clock: Cloc
         f"expired: mailbox {overdue.address} (test t::test) outlived its ttl of 120s "
         f"(email_contract ttl), at {overdue.expires_at:%H:%M:%S.%f}"[:-3]
         + " UTC; raise ttl"
+    )
+
+
+def test_refusals_of_a_taken_message_say_whose_it_is_and_what_to_do(
+    store: Store, clock: Clock
+) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    claimed = mailbox.wait_for(subject="Verify your account")
+    held = deliver(store, mailbox, subject="Held elsewhere")
+    store.claim(  # a holder other than the mailbox's run, straight through the store
+        mailbox_id=mailbox.mailbox_id,
+        mailbox_fence=mailbox.fence,
+        message_id=held,
+        holder="r-elsewhere",
+        lease=10,
+    )
+
+    with pytest.raises(AlreadyClaimed) as mine:
+        mailbox.claim(claimed.message_id)
+    with pytest.raises(AlreadyClaimed) as theirs:
+        mailbox.claim(held)
+    claimed.ack()
+    with pytest.raises(AlreadyConsumed) as twice:
+        claimed.ack()
+
+    assert str(mine.value).startswith(
+        f"claim {claimed.message_id}: already_claimed; this run holds it already, for 30s "
+        "more, until "
+    )
+    assert str(mine.value).endswith(
+        "UTC: use the ClaimedMessage that wait_for() or claim() returned, whose fence proves "
+        "the claim"
+    )
+    assert str(twice.value) == (
+        f"ack {claimed.message_id}: already_consumed; this run acked it already, and an ack is "
+        "final: a message is consumed once, so nothing is left to ack, renew or release "
+        "(retrying an ack that succeeded is a second click)"
+    )
+    assert str(theirs.value).startswith(
+        f"claim {held}: already_claimed; run r-elsewhere holds it for 10s more, until "
+    )
+    assert str(theirs.value).endswith(
+        "UTC: it can be claimed when that lease ends unacked, or wait_for() another message"
     )
 
 

@@ -465,6 +465,10 @@ class Mailbox:
         except StopIteration as done:
             result: _T = done.value
             return result
+        except WaitTimeout as timeout:
+            if not _loop_running():
+                raise
+            raise WaitTimeout(f"{timeout}\n{_BLOCKED_LOOP}", result=timeout.result) from None
 
     async def _run_async(self, steps: Generator[_Pause, None, _T]) -> _T:
         """Drive the steps, awaiting: the event loop stays free while the mailbox waits."""
@@ -520,6 +524,26 @@ class Mailbox:
             message = (
                 f"{what}: {outcome.status.value}; {self._closed(outcome.status, outcome.detail)}"
             )
+        elif outcome.status is Status.ALREADY_CONSUMED:
+            by = "this run" if outcome.holder == self.run_id else f"run {outcome.holder}"
+            message += (
+                f"; {by} acked it already, and an ack is final: a message is consumed once, "
+                "so nothing is left to ack, renew or release (retrying an ack that succeeded "
+                "is a second click)"
+            )
+        elif outcome.status is Status.ALREADY_CLAIMED and outcome.lease_until is not None:
+            left = outcome.lease_until - self.store.clock()
+            until = f"{left:.3g}s more, until {_clock(outcome.lease_until)}"
+            if outcome.holder == self.run_id:
+                message += (
+                    f"; this run holds it already, for {until}: use the ClaimedMessage that "
+                    "wait_for() or claim() returned, whose fence proves the claim"
+                )
+            else:
+                message += (
+                    f"; run {outcome.holder} holds it for {until}: it can be claimed when "
+                    "that lease ends unacked, or wait_for() another message"
+                )
         elif outcome.status is Status.LEASE_EXPIRED and outcome.lease_until is not None:
             ago = self.store.clock() - outcome.lease_until
             message += (
@@ -883,6 +907,23 @@ class Mailbox:
 
         self._agent = AgentTools(self, ttl_max=ttl_max, resend=resend)
         return self._agent
+
+
+#: A blocking wait inside a coroutine: what the app sends from that loop never goes out.
+_BLOCKED_LOOP = (
+    "this wait blocked a thread that runs an event loop (an async test): mail sent by tasks "
+    "on that loop could not go out while it waited; use "
+    "`await isolated_mailbox.wait_for_async(...)`, which leaves the loop free"
+)
+
+
+def _loop_running() -> bool:
+    """True when called from code that an event loop in this thread is running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _polls() -> Iterator[float]:
