@@ -1376,3 +1376,35 @@ def pytest_runtest_logreport(report):
     written = (pytester.path / "consumer.txt").read_text()
     assert "the code is ••••07" in written
     assert "551207" not in written
+
+
+@pytest.mark.parametrize("verbosity", ["-q", "-v", "-vv"])
+def test_a_links_end_in_pytests_diff_of_two_strings_is_masked(
+    pytester: pytest.Pytester, verbosity: str
+) -> None:
+    """The default diff of two long strings says "Skipping 55 identical leading characters"
+    and prints their ends alone; the repr above it keeps ``https://app.`` before ``...``."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        TOKEN = "Zq8xYtK2mP4rT7wQ9sL1AbCdEfGh"
+
+
+        def test_end(isolated_mailbox, send):
+            send(isolated_mailbox.address, body=f"Go https://app.example.test/verify?token={TOKEN}")
+            link = isolated_mailbox.wait_for().link()
+            assert link == link + "&next=home"  # as the app's database has it, say
+
+
+        def test_start(isolated_mailbox, send):
+            send(isolated_mailbox.address, body=f"Code {TOKEN}.")
+            code = isolated_mailbox.wait_for().code(r"Code (\\w+)")
+            tail = " and a long tail of words that pytest skips over"
+            assert "a: " + code + tail == "b: " + code + tail
+        """
+    )
+    result = pytester.runpytest("-n", "0", verbosity, "--junitxml=junit.xml")
+    result.assert_outcomes(failed=2)
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    for piece in ("AbCdEfGh", "Zq8xYtK", "Q9sL1AbC", "sL1AbCdEfGh"):
+        assert piece not in text, piece

@@ -398,6 +398,8 @@ class Masker:
     def __call__(self, text: str) -> str:
         if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
             text = self._mask_cut(text)
+        if self.cut and _DIFF_LINE.search(text):
+            text = _DIFF_LINE.sub(self._mask_diff_line, text)
         for value in self._present(text):
             if value.isdigit():  # not inside a longer number
                 text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
@@ -424,19 +426,49 @@ class Masker:
         return found
 
     def _mask_cut(self, text: str) -> str:
-        pieces = text.split(_CUT)
-        for i in range(len(pieces) - 1):
-            before, after = pieces[i], pieces[i + 1]
-            start = max(
-                (_start_before_cut(before, v) for v in self._having(before[-4:])), default=0
-            )
-            end = max((_end_after_cut(after, v) for v in self._having(after[:4])), default=0)
-            pieces[i] = before[: len(before) - start] + "\u2022" * start
-            pieces[i + 1] = "\u2022" * end + after[end:]
-        return _CUT.join(pieces)
+        parts = _CUTS.split(text)  # text, dots, text, dots, …, text
+        for i in range(1, len(parts), 2):
+            # pytest cuts with three dots; more belong to a piece, before or after them
+            # (``'https://app....Q9sL1'`` keeps ``https://app.``).
+            extra = parts[i][len(_CUT) :]
+            best: tuple[int, str, str] | None = None
+            for at in dict.fromkeys((0, len(extra))):
+                before, after = parts[i - 1] + extra[:at], extra[at:] + parts[i + 1]
+                start, end = self._start_of_value(before), self._end_of_value(after)
+                if best is None or start + end > best[0]:
+                    shown = before[: len(before) - start] + "\u2022" * start
+                    best = (start + end, shown, "\u2022" * end + after[end:])
+            assert best is not None
+            _, parts[i - 1], parts[i + 1] = best
+            parts[i] = _CUT
+        return "".join(parts)
+
+    def _start_of_value(self, before: str, least: int | None = None) -> int:
+        """How long a start of a value ends ``before``."""
+        having = self._having(before[-4:])
+        return max((_start_before_cut(before, v, least) for v in having), default=0)
+
+    def _end_of_value(self, after: str, least: int | None = None) -> int:
+        """How long an end of a value begins ``after``."""
+        return max((_end_after_cut(after, v, least) for v in self._having(after[:4])), default=0)
+
+    def _mask_diff_line(self, match: re.Match[str]) -> str:
+        """A line of pytest's diff that may begin or end inside a value: "Skipping 55
+        identical leading characters in diff" prints a link's last characters alone."""
+        line = match.group(2)
+        # pytest keeps ten characters beside what it skips: a piece that short counts here.
+        start, end = self._end_of_value(line, _MIN_CUT), self._start_of_value(line, _MIN_CUT)
+        if start + end > len(line):
+            return match.group(1) + "\u2022" * len(line)
+        cut = len(line) - end
+        return match.group(1) + "\u2022" * start + line[start:cut] + "\u2022" * end
 
 
 _CUT = "..."  # what pytest's saferepr puts in the middle of a repr it shortens
+_CUTS = re.compile(r"(\.{3,})")
+#: A line of pytest's ndiff (``- …``, ``+ …``), in a report's lines (``E     + …``) or in
+#: its crash message; "Skipping N identical leading (or trailing) characters" cuts them.
+_DIFF_LINE = re.compile(r"(?m)^(E?[ \t]*[-+] )(\S[^\n]*?)$")
 _MIN_CUT = 4
 #: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
 _MAX_PIECED = 4096
@@ -449,8 +481,9 @@ def _overlap(value: str) -> int:
     return min(8, max(_MIN_CUT, len(value) // 2))
 
 
-def _start_before_cut(before: str, value: str) -> int:
-    """How long a start of ``value`` ends ``before`` (0 if too short to tell)."""
+def _start_before_cut(before: str, value: str, least: int | None = None) -> int:
+    """How long a start of ``value`` ends ``before`` (0 if shorter than ``least``, by
+    default ``_overlap(value)``: too short to tell)."""
     tail = before[-_MIN_CUT:]
     if len(tail) < _MIN_CUT:
         return 0
@@ -459,14 +492,15 @@ def _start_before_cut(before: str, value: str) -> int:
         size = at + _MIN_CUT
         # The piece starts where a word does: not in the middle of a number (``8279071``).
         edge = before[-size - 1 : -size] if size < len(before) else ""
-        if size >= _overlap(value) and not edge.isalnum() and before.endswith(value[:size]):
+        enough = size >= (_overlap(value) if least is None else least)
+        if enough and not edge.isalnum() and before.endswith(value[:size]):
             best = max(best, size)
         at = value.find(tail, at + 1)
     return best
 
 
-def _end_after_cut(after: str, value: str) -> int:
-    """How long an end of ``value`` begins ``after`` (0 if too short to tell)."""
+def _end_after_cut(after: str, value: str, least: int | None = None) -> int:
+    """How long an end of ``value`` begins ``after`` (0 if shorter than ``least``)."""
     head = after[:_MIN_CUT]
     if len(head) < _MIN_CUT:
         return 0
@@ -474,7 +508,8 @@ def _end_after_cut(after: str, value: str) -> int:
     while at != -1:
         size = len(value) - at
         edge = after[size : size + 1]  # the piece ends where a word does
-        if size >= _overlap(value) and not edge.isalnum() and after.startswith(value[at:]):
+        enough = size >= (_overlap(value) if least is None else least)
+        if enough and not edge.isalnum() and after.startswith(value[at:]):
             best = max(best, size)
         at = value.find(head, at + 1)
     return best
