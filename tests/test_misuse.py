@@ -524,7 +524,10 @@ def test_relative_receipts_path_from_o_is_taken_from_the_ini_directory(tmp_path:
 
 
 #: pytest 9 reads a native ``[tool.pytest]`` table; pytest 8 knows ``ini_options`` only.
-TOML_TABLES = ["tool.pytest.ini_options"] + (["tool.pytest"] if pytest.version_tuple >= (9,) else [])
+TOML_TABLES = [
+    "tool.pytest.ini_options",
+    *(["tool.pytest"] if pytest.version_tuple >= (9,) else []),
+]
 
 
 @pytest.mark.parametrize("table", TOML_TABLES)
