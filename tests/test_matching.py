@@ -603,6 +603,13 @@ AMBIGUOUS_ROUNDS = [
     r"Dear ((?:[\w-]{1,30} ?){1,8}),",  # few rounds, but each may end in 30 places
     r"(?:\r\n|\n|\r)+Z",  # "\r\n" is one round or two
     r"(\w?\w?\w?\w?){1,8}!",  # > 8 s on 12 characters
+    # Few ways each, too many together: the readings of parts in a row multiply.
+    r"(?:\s|\s\s){8}(?:\s|\s\s){8}(?:\s|\s\s){8}(?:\s|\s\s){8}x",  # 2**32: 1.2 s on 34 spaces
+    r"(?:\s|\s\s){8}x(?:\s|\s\s){8}x(?:\s|\s\s){8}x(?:\s|\s\s){8}!",  # apart, still 2**32
+    r"(?:\d{1,3},?){1,4}(?:\d{1,3},?){1,4}(?:\d{1,3},?){1,4}x",  # 3**12: 3.7 s on 39 digits
+    r"\s?" * 24 + "x",  # 2**23: 5.8 s on 23 spaces
+    r"(?:a|a|a|a){16}x",  # alternatives that read the same text: 4**16, minutes
+    r"(?:(?:\w|[^x]){2,5}){1,8}!",  # \w and [^x] both read "a": minutes on 19 of them
 ]
 #: Repeated groups that read a text one way only, or whose repeat cannot give back.
 ONE_WAY_ROUNDS = [
@@ -626,6 +633,17 @@ ONE_WAY_ROUNDS = [
     r"(?:\d{1,3},?){1,4}",  # few rounds, each ending in few places: few ways in all
     r"(?:\d{1,3}[ .-]?){3,4}",
     r"Dear (\w{2,20} ?){1,3},",
+    # Parts in a row whose readings, multiplied, stay few.
+    r"(?:\d{1,3},?){1,4}(?:\d{1,3},?){1,4}",  # 3**4 * 3**4
+    r"(?:\s|\s\s){8}(?:\s|\s\s){8}x",  # 2**16, the most taken
+    r"\s?" * 16 + "x",
+    r"\d{3}-\d{3}",
+    r"[A-Z]{2}\d{6}",
+    r"(?:\w+\s){1,5}code",
+    r"\+?\d{1,3}[\s.-]?\(?\d{1,4}\)?[\s.-]?\d{1,4}[\s.-]?\d{1,9}",  # a phone number
+    r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\w* \d{1,2}, \d{4}",
+    r"(?:https?://)?(?:www\.)?[\w.-]+\.\w{2,}(?:/[\w./?%&=-]*)?",
+    r"(?:\d{1,3}\.){3}\d{1,3}",
 ]
 
 
@@ -643,6 +661,19 @@ def test_a_regex_whose_rounds_split_one_way_is_taken(
     isolated_mailbox: Mailbox, pattern: str
 ) -> None:
     isolated_mailbox.expect_none(within=0, subject_regex=pattern, body_regex=pattern)
+
+
+def test_a_regex_whose_parts_split_too_many_ways_together_is_refused_with_the_count(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """Each group alone is taken (256 ways); four in a row are refused, and say why."""
+    group = r"(?:\s|\s\s){8}"
+    isolated_mailbox.expect_none(within=0, body_regex=group + "x")
+
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.wait_for(timeout=10, body_regex=group * 4 + "x")
+
+    assert "together they can read one in more than 65,536 ways" in str(caught.value)
 
 
 def test_sender_selector_also_matches_the_envelope_sender(

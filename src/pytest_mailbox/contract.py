@@ -324,12 +324,21 @@ def _backtracking(parsed: Any) -> str | None:
             "long message; rewrite it without the nesting, or use subject_contains "
             "/ body_contains"
         )
-    if _Rounds(parsed).ambiguous(parsed):
+    rounds = _Rounds(parsed)
+    if rounds.ambiguous(parsed):
         return (
             "the pattern repeats a group that can read a text in more than one way, round "
             "after round, as in (a|aa)+, (aa?)+ or (\\s*\\n)+, so a failing search tries "
             "exponentially many ways and can run for hours; make each part end where what "
             "follows cannot begin (as in (\\w+\\.)+), or use subject_contains / body_contains"
+        )
+    if rounds.ways(parsed) > _FEW_WAYS:
+        return (
+            "the pattern has parts that can read a text in more than one way, and together "
+            "they can read one in more than 65,536 ways, as (?:\\s|\\s\\s){8} four times "
+            "in a row or twenty \\s? in a row do, so a failing search tries them all and can "
+            "run for hours; make each part end where what follows cannot begin, or use "
+            "subject_contains / body_contains"
         )
     return None
 
@@ -385,7 +394,8 @@ _ATOMS = (
 _ZERO_WIDTH = (_sre_constants.AT, _sre_constants.ASSERT, _sre_constants.ASSERT_NOT)
 _ENDS = (_sre_constants.AT_END, _sre_constants.AT_END_LINE, _sre_constants.AT_END_STRING)
 #: A bounded repeat that can split a text in at most this many ways is left alone: its
-#: rounds, all enclosing bounds multiplied, and the places each round may end.
+#: rounds, all enclosing bounds multiplied, and the places each round may end. So is a
+#: pattern whose parts, multiplied, read a text in at most this many ways (``ways``).
 _FEW_WAYS = 2**16
 #: Past this, ``base ** times`` would overflow a float: counted as no bound.
 _LOG_MAX = 700.0
@@ -419,7 +429,11 @@ class _Rounds:
             chars |= {char, char.lower(), char.upper()}
         self.universe = "".join(sorted(c for c in chars if len(c) == 1))
         self.any = frozenset(self.universe)
-        self._sets: dict[tuple[str, int], frozenset[str]] = {}
+        self._sets: dict[tuple[Any, int], frozenset[str]] = {}
+        # Per part, by id; the part is kept with its answer so that its id stays its own.
+        self._firsts: dict[tuple[int, int], tuple[Any, frozenset[str]]] = {}
+        self._tails: dict[tuple[int, int], tuple[Any, frozenset[str]]] = {}
+        self._widths: dict[int, tuple[Any, bool]] = {}
 
     def ambiguous(self, pattern: Any) -> bool:
         return self._scan(pattern, self.state.flags, 1)
@@ -490,16 +504,7 @@ class _Rounds:
         """Some part of ``items``, followed by what begins with ``after``, may stop early
         where its continuation could begin what follows it."""
         items = list(items)
-        # What may follow each part, from the right: linear in the parts, not quadratic.
-        following = [after] * len(items)
-        for i in range(len(items) - 1, 0, -1):
-            first = self._first_of(items[i], flags)
-            following[i - 1] = first if self._width([items[i]])[0] else first | following[i]
-        for i, item in enumerate(items):
-            follows = following[i]
-            then = items[i + 1] if i + 1 < len(items) else None
-            if then is not None and then[0] is _sre_constants.AT and then[1] in _ENDS:
-                follows &= {"\n"}  # past a "$", only its line break may come
+        for item, follows in zip(items, self._following(items, after, flags), strict=True):
             if self._tail_of(item, flags) & follows:
                 return True
             op, av = item
@@ -516,12 +521,115 @@ class _Rounds:
                 return True
         return False
 
+    def _following(
+        self, items: list[Any], after: frozenset[str], flags: int
+    ) -> list[frozenset[str]]:
+        """What may follow each part of ``items``, followed by what begins with ``after``;
+        from the right, linear in the parts, not quadratic."""
+        following = [after] * len(items)
+        for i in range(len(items) - 1, 0, -1):
+            first = self._first_of(items[i], flags)
+            following[i - 1] = first if self._wide(items[i]) else first | following[i]
+        for i in range(len(items) - 1):
+            op, av = items[i + 1]
+            if op is _sre_constants.AT and av in _ENDS:
+                following[i] &= {"\n"}  # past a "$", only its line break may come
+        return following
+
+    def ways(self, pattern: Any) -> float:
+        """How many readings a search from one place may have to try, at most (inf: past
+        ``_FEW_WAYS``, or no bound).
+
+        A part that cannot stop early where what follows it can begin has one reading
+        that goes on (the others fail at the next character). One that can, as ``\\s?``
+        before ``\\s`` or a round of ``(?:\\s|\\s\\s){8}`` before the next, has as many
+        as its rounds' readings multiplied, its alternatives' that may begin alike added,
+        or its counts of rounds. Parts in a row multiply, whatever lies between them: one
+        ``(?:\\s|\\s\\s){8}`` reads a text in up to 256 ways, four in a row in 2**32
+        (1.2 s on 34 spaces), two ``(?:\\d{1,3},?){1,4}`` in 81 * 81 (a few ms). A
+        lookaround, an atomic group or a possessive repeat counts as a search of its own,
+        made wherever it is reached. How often an unbounded repeat runs is left out: that
+        grows with the text, not exponentially (``_nested_repeat`` and ``_scan`` refuse
+        the unbounded repeats that do more).
+        """
+        return self._ways(pattern, frozenset(), self.state.flags)
+
+    def _ways(self, items: Any, after: frozenset[str], flags: int) -> float:
+        items = list(getattr(items, "data", items))  # a SubPattern's own list: quicker
+        if _plain(items):
+            return 1.0
+        ways = 1.0
+        for item, follows in zip(items, self._following(items, after, flags), strict=True):
+            if item[0] in _ATOMS:
+                continue
+            ways *= self._ways_of(item, follows, flags)
+            if ways > _FEW_WAYS:
+                return math.inf  # too many already: no count that uses it can shrink
+        return ways
+
+    def _ways_of(self, item: Any, follows: frozenset[str], flags: int) -> float:
+        op, av = item
+        if op in _REPEATS:
+            low, high, body = av
+            each = 1.0
+            if not _plain(body.data):  # one round, followed by what follows it or another
+                again = self._first_of(item, flags) if high > 1 else frozenset()
+                each = self._ways(body, follows | again, flags)
+            if high == _sre_constants.MAXREPEAT:
+                return each
+            if each == 1 and (
+                low == high
+                or (
+                    self._tail_of(item, flags).isdisjoint(follows)
+                    and any(self._wide(part) for part in body)
+                )
+            ):
+                return 1.0  # each round one way, and only one count of rounds reads on
+            # Its count of rounds, if each reads one way; else each round's readings.
+            return float(high - low + 1) if each == 1 else _power(each, high)
+        if op is _sre_constants.SUBPATTERN:
+            return self._ways(av[3], follows, _scoped(flags, av))
+        if op is _sre_constants.BRANCH:
+            return self._branch_ways(item, follows, flags)
+        if op is _sre_constants.GROUPREF_EXISTS:
+            return sum(self._ways(child, follows, flags) for child in _children(op, av))
+        # Tried anew wherever the search gets to them, each time as a search of its own.
+        if op is _POSSESSIVE:
+            return self._ways(av[2], frozenset(), flags)
+        if op is _ATOMIC:
+            return self._ways(av, frozenset(), flags)
+        if op is _sre_constants.ASSERT or op is _sre_constants.ASSERT_NOT:
+            return self._ways(av[1], frozenset(), flags)
+        return 1.0  # an atom, an anchor, a backreference: one way
+
+    def _branch_ways(self, item: Any, follows: frozenset[str], flags: int) -> float:
+        """Alternatives that may stop or part where what follows can begin all count, as
+        many as may begin with the same character; otherwise only one of them reads on.
+        Past ``_SPELLED_OUT`` alternatives they all count: the finer tests cost more."""
+        branches = item[1][1]
+        each = [self._ways(branch, follows, flags) for branch in branches]
+        if not follows:
+            return max(each)  # nothing follows: the first reading to get here ends it
+        if len(branches) > _SPELLED_OUT:
+            return sum(each)
+        if self._tail_of(item, flags).isdisjoint(follows):
+            return max(each)
+        empty = 0.0
+        by_char: dict[str, float] = {}
+        for branch, ways in zip(branches, each, strict=True):
+            if not self._width(list(branch))[0]:
+                empty += ways
+                continue
+            for char in self._first(branch, flags):
+                by_char[char] = by_char.get(char, 0.0) + ways
+        return empty + max(by_char.values(), default=0.0)
+
     def _first(self, items: Any, flags: int) -> frozenset[str]:
         """What a match of ``items`` may begin with."""
         found: set[str] = set()
         for item in items:
             found |= self._first_of(item, flags)
-            if self._width([item])[0]:
+            if self._wide(item):
                 break
         return frozenset(found)
 
@@ -530,12 +638,18 @@ class _Rounds:
         found: set[str] = set()
         for item in reversed(list(items)):
             found |= self._tail_of(item, flags)
-            if self._width([item])[0]:
+            if self._wide(item):
                 break
             found |= self._first_of(item, flags)  # it may be left out, or taken
         return frozenset(found)
 
     def _first_of(self, item: Any, flags: int) -> frozenset[str]:
+        key = (id(item), flags)
+        if key not in self._firsts:
+            self._firsts[key] = (item, self._find_first(item, flags))
+        return self._firsts[key][1]
+
+    def _find_first(self, item: Any, flags: int) -> frozenset[str]:
         op, av = item
         if op in _ATOMS:
             return self._chars(item, flags)
@@ -552,12 +666,18 @@ class _Rounds:
         return self.any  # a backreference, or what this check does not know
 
     def _tail_of(self, item: Any, flags: int) -> frozenset[str]:
+        key = (id(item), flags)
+        if key not in self._tails:
+            self._tails[key] = (item, self._find_tail(item, flags))
+        return self._tails[key][1]
+
+    def _find_tail(self, item: Any, flags: int) -> frozenset[str]:
         op, av = item
         if op in _ATOMS or op in _ZERO_WIDTH or op is _POSSESSIVE or op is _ATOMIC:
             return frozenset()  # a possessive repeat or an atomic group never gives back
         if op in _REPEATS:
             low, high, body = av
-            more = self._first(body, flags) if low != high and high else frozenset()
+            more = self._first_of(item, flags) if low != high else frozenset()
             return more | self._tail(body, flags)
         if op is _sre_constants.SUBPATTERN:
             return self._tail(av[3], _scoped(flags, av))
@@ -619,12 +739,21 @@ class _Rounds:
                 return line, False
         return line, True
 
+    def _wide(self, item: Any) -> bool:
+        """A match of ``item`` takes at least one character."""
+        if item[0] in _ATOMS:
+            return True
+        if id(item) not in self._widths:
+            self._widths[id(item)] = (item, bool(self._width([item])[0]))
+        return self._widths[id(item)][1]
+
     def _width(self, items: list[Any]) -> tuple[int, int]:
         width: tuple[int, int] = _sre_parse.SubPattern(self.state, items).getwidth()
         return width
 
     def _chars(self, item: Any, flags: int) -> frozenset[str]:
-        key = (repr(item), flags)
+        # A character's own item is its key; a set's (a list inside) is spelled out.
+        key = (item if item[0] is not _sre_constants.IN else repr(item), flags)
         if key not in self._sets:
             compiled = _sre_compile(_sre_parse.SubPattern(self.state, [item]), flags)
             self._sets[key] = frozenset(c for c in self.universe if compiled.match(c))
@@ -636,6 +765,11 @@ def _power(base: float, times: int) -> float:
     if base <= 1:
         return base
     return math.inf if times * math.log(base) > _LOG_MAX else float(base**times)
+
+
+def _plain(items: list[Any]) -> bool:
+    """Characters and anchors only: they read a text one way."""
+    return all(op in _ATOMS or op is _sre_constants.AT for op, _ in items)
 
 
 def _scoped(flags: int, av: Any) -> int:
