@@ -430,6 +430,13 @@ def test_code_invalid_pattern_is_an_extraction_error() -> None:
         plain("code: 123456").code(pattern=r"code: (\d+")
 
 
+@pytest.mark.parametrize("pattern", [r"code: ((\w+\s?)*)!", r"(?:\s|\s\s){8}" * 4 + "x"])
+def test_code_pattern_that_may_backtrack_for_hours_is_refused(pattern: str) -> None:
+    """As a selector's pattern is: the body is the app's, its length is not the test's."""
+    with pytest.raises(ExtractionError, match=r"is refused: the pattern (repeats|has parts)"):
+        plain("code: " + " " * 40).code(pattern=pattern)
+
+
 def test_code_from_html_only_mail() -> None:
     message = Message(build(html="<p>Your code is <strong>0042</strong></p>"))
 

@@ -419,12 +419,13 @@ def reserve_mailbox(store: Store, run_id: str = "r-mailbox") -> Mailbox:
         (
             EmailContract(ttl=7200),
             None,
-            "Mailbox.reserve: ttl=7200 exceeds mailbox_ttl_max=3600; lower ttl or raise",
+            "Mailbox.reserve: ttl=7200 exceeds mailbox_ttl_max=3600; lower ttl or pass a larger",
         ),
         (
             EmailContract(ttl=7200),
             600,
-            "Mailbox.reserve: ttl=7200 exceeds mailbox_ttl_max=600; lower ttl or raise",
+            "Mailbox.reserve: ttl=7200 exceeds mailbox_ttl_max=600; lower ttl or pass a larger "
+            r"ttl_max= \(the plugin passes mailbox_ttl_max\)$",
         ),
         (
             EmailContract(ttl=10, lease=60),

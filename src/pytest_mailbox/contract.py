@@ -98,6 +98,10 @@ DEFAULT_TTL = 300
 DEFAULT_LEASE = 60.0
 
 
+#: How a run lifts its ttl limit; ``Mailbox.reserve`` outside pytest takes an argument.
+_RAISE_TTL_MAX = "raise mailbox_ttl_max (the ini key, --mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX)"
+
+
 class EmailContract(BaseModel):
     """The per-test rules: ini defaults overlaid by ``@pytest.mark.email_contract(...)``."""
 
@@ -149,10 +153,12 @@ class EmailContract(BaseModel):
         ttl_max: int,
         source: str = "email_contract",
         sources: Mapping[str, str] | None = None,
+        raise_max: str = _RAISE_TTL_MAX,
     ) -> None:
         """Refuse values that are valid alone but break the configured limits.
 
-        ``sources`` names where each value came from, where the settings know it.
+        ``sources`` names where each value came from, where the settings know it;
+        ``raise_max`` how the caller lifts ``ttl_max``.
         """
 
         def came(name: str) -> str:
@@ -161,8 +167,7 @@ class EmailContract(BaseModel):
         if self.ttl > ttl_max:
             msg = (
                 f"{source}: ttl={self.ttl}{came('ttl')} exceeds mailbox_ttl_max={ttl_max}"
-                f"{came('ttl_max')}; lower ttl or raise mailbox_ttl_max (the ini key, "
-                "--mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX)"
+                f"{came('ttl_max')}; lower ttl or {raise_max}"
             )
             raise ValueError(msg)
         if self.lease > self.ttl:

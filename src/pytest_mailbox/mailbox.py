@@ -244,7 +244,11 @@ class Mailbox:
             given = contract.model_dump(exclude_unset=True)
             contract = EmailContract(**{**given, "ttl": ttl_max})
         try:
-            contract.check_limits(ttl_max=ttl_max, source="Mailbox.reserve")
+            contract.check_limits(
+                ttl_max=ttl_max,
+                source="Mailbox.reserve",
+                raise_max="pass a larger ttl_max= (the plugin passes mailbox_ttl_max)",
+            )
         except ValueError as exc:
             raise ContractError(str(exc)) from None
         row, _ = store.reserve(

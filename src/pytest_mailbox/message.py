@@ -23,6 +23,7 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote_plus, urlsplit
 
+from pytest_mailbox.contract import _regex_problem
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
 
@@ -1072,11 +1073,12 @@ class Message:
         """
         __tracebackhide__ = True
         source = DEFAULT_CODE_PATTERN if pattern is None else pattern
-        try:
-            regex = re.compile(source)
-        except Exception as exc:  # re.error, RecursionError, OverflowError
-            msg = f"code(pattern={_show(source)}) is not a valid regular expression: {exc}"
-            raise ExtractionError(msg, result={"message_id": self.message_id}) from None
+        # Checked as a selector's pattern is: invalid, or one that may backtrack for hours.
+        problem = None if pattern is None else _regex_problem(source)
+        if problem is not None:
+            msg = f"code(pattern={_show(source)}) is refused: {problem}"
+            raise ExtractionError(msg, result={"message_id": self.message_id})
+        regex = re.compile(source)
         values: dict[str, None] = {}
         for haystack in (self.body_text, self.subject):
             for match in regex.finditer(haystack):
