@@ -31,10 +31,15 @@ class SignupApp:
         mail["Subject"] = "Verify your e-mail address \N{WHITE HEAVY CHECK MARK}"
         if run_id is not None:
             mail["X-Run-Id"] = run_id
-        mail.set_content(f"Welcome!\n\nOpen {link} or enter the code {code}.\n")
+        # Like most real mail, a footer links elsewhere on the same host.
+        unsubscribe = f"{self.base_url}/unsubscribe?list=news"
+        mail.set_content(
+            f"Welcome!\n\nOpen {link} or enter the code {code}.\n\nUnsubscribe: {unsubscribe}\n"
+        )
         mail.add_alternative(
             f'<p>Welcome!</p><p><a href="{link}">Verify my address</a></p>'
-            f"<p>Your code: <b>{code}</b></p>",
+            f"<p>Your code: <b>{code}</b></p>"
+            f'<p><a href="{unsubscribe}">Unsubscribe</a></p>',
             subtype="html",
         )
         with smtplib.SMTP(self.smtp_host, self.smtp_port) as smtp:
