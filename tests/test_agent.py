@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import smtplib
 import string
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
@@ -31,7 +33,15 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from pytest_mailbox import ContractError, EmailContract, Mailbox, MailboxClosed, Receipt, Status
+from pytest_mailbox import (
+    ContractError,
+    EmailContract,
+    ExtractionError,
+    Mailbox,
+    MailboxClosed,
+    Receipt,
+    Status,
+)
 from pytest_mailbox.agent import Answer, journal_path
 from pytest_mailbox.contract import dump_receipt
 from pytest_mailbox.mcp_server import main as mcp_main
@@ -294,6 +304,91 @@ def test_evidence_masks_a_code_the_test_extracted_and_handed_to_the_agent(
     assert "••••••WB" in receipt
 
 
+def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
+    pytester: pytest.Pytester,
+) -> None:
+    token = "".join(secrets.choice(string.ascii_letters) for _ in range(24))
+    pytester.makepyfile(
+        f"""
+        import smtplib
+        from email.message import EmailMessage
+
+        import pytest
+
+        from pytest_mailbox.contract import dump_receipt
+
+        @pytest.mark.email_contract(
+            purpose="signup", ttl=60, lease=30, max_reads=10, link_domains=["{APP}"]
+        )
+        def test_leaky_harness(isolated_mailbox, mailbox_server):
+            mail = EmailMessage()
+            mail["From"], mail["To"] = "noreply@{APP}", isolated_mailbox.address
+            mail["Subject"] = "Verify"
+            mail.set_content("Open https://{APP}/verify?token={token} or enter 415926.")
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                smtp.send_message(mail)
+            tools = isolated_mailbox.agent_tools()
+            own = isolated_mailbox.mailbox_id
+            wait = {{"fixture_id": own, "kind": "link", "timeout": 10}}
+            message_id = tools.call("wait_for_message", wait)["message_id"]
+            tools.call("claim_message", {{"fixture_id": own, "selector": {{}}}})
+            link = tools.reveal(message_id, domain="{APP}")
+            code = tools.reveal(message_id, kind="code")
+            # a harness that told its agent both, and an agent that echoes them
+            tools.call(link, {{}}, tool_call_id=code)
+            selector = {{"message_id": message_id}}
+            tools.call("claim_message", {{"fixture_id": own, "selector": selector}}, link)
+            # masked in the receipt itself, not only where the report's masker reaches
+            kept = dump_receipt(isolated_mailbox.receipt())
+            assert "{token}" not in kept
+            assert "415926" not in kept
+        """
+    )
+    result = pytester.runpytest("--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl")
+    result.assert_outcomes(passed=1)
+    junit = (pytester.path / "junit.xml").read_text()
+    receipts = (pytester.path / "receipts.jsonl").read_text()
+    redacted = f"https://{APP}/…?token=…"
+    for text in (junit, receipts):
+        assert token not in text
+        assert "415926" not in text
+        assert redacted in text
+    (receipt,) = [Receipt.model_validate_json(line) for line in receipts.splitlines()]
+    assert receipt.evidence is not None
+    echoed, claimed_again = receipt.evidence[-2:]
+    assert (echoed.tool, echoed.tool_call_id, echoed.status) == (redacted, "••••26", "rejected")
+    assert echoed.reason == f"there is no tool {redacted!r}; the tools are {TOOLS}"
+    assert (claimed_again.tool, claimed_again.tool_call_id) == ("claim_message", redacted)
+
+
+@pytest.mark.email_contract(purpose="signup", max_reads=10)
+def test_evidence_from_an_mcp_server_masks_what_the_test_extracted(
+    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+) -> None:
+    mail = EmailMessage()
+    mail["From"], mail["To"] = f"noreply@{APP}", isolated_mailbox.address
+    mail["Subject"] = "Your sign-in code"
+    mail.set_content("Type QXKZTRWB to sign in.\n")  # no digits, not token-like: only known
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(mail)
+    code = isolated_mailbox.wait_for(timeout=10).code(pattern=r"Type ([A-Z]{8}) to")
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+
+    async def session() -> dict[str, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            result = await client.call_tool(code, {})  # the server's process never saw it
+            return dict(result.structured_content or {})
+
+    assert asyncio.run(session())["status"] == "rejected"
+    (entry,) = tools.evidence()
+    assert entry.tool == "••••••WB"
+    assert entry.reason == f"there is no tool '••••••WB'; the tools are {TOOLS}"
+    assert code not in dump_receipt(isolated_mailbox.receipt())
+
+
 # -- misbehaviour: an exact answer, nothing executed ------------------------------------------
 
 
@@ -370,6 +465,43 @@ def test_a_fourth_read_is_budget_exceeded_the_same_way_every_time(
         "rejected"
     ] * 3
     app.assert_secret_free(dump_receipt(isolated_mailbox.receipt()))
+
+
+@SIGNUP
+def test_no_answer_points_to_a_call_that_the_budget_would_refuse(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    poll = {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500}
+    wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+    assert [tools.call("wait_for_message", wait)["next_action"] for _ in range(2)] == [poll] * 2
+    app.signup(isolated_mailbox.address)
+    found = tools.call("wait_for_message", {**wait, "timeout": 10})  # the last of 3 reads
+    spent = (
+        "this run's max_reads=3 is used up, so claim_message would be refused "
+        "(budget_exceeded); the test may raise max_reads in its email_contract"
+    )
+    assert stable(found) == {
+        "status": "waiting",
+        "reason": spent,
+        "fixture_id": own,
+        "attempt": 3,
+        "message_id": found["message_id"],
+        "kind": "link",
+        "link": f"https://{APP}/…?token=…",
+        "next_action": {"do": "stop"},
+    }
+    claim = {"fixture_id": own, "selector": {"message_id": found["message_id"]}}
+    assert tools.call("claim_message", claim)["status"] == "budget_exceeded"  # as it said
+    # a refusal that would send the agent to fix a read's arguments says stop as well
+    assert tools.call("claim_message", {**claim, "lease": 31}) == {
+        "status": "policy_denied",
+        "reason": f"lease exceeds the contract's 30 seconds; {spent}",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    assert [e.reason for e in isolated_mailbox.receipt().evidence or []][2] == spent
 
 
 @SIGNUP
@@ -708,7 +840,11 @@ def test_dry_run_answers_what_would_happen_and_touches_nothing(
     own = isolated_mailbox.mailbox_id
     before = untouched(mailbox_store, isolated_mailbox)
     simulated = {"reason": "dry-run: nothing was done", "fixture_id": own, "dry_run": True}
-    script: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+    spent = (
+        "dry-run: nothing was done; this run's max_reads=2 is used up, so wait_for_message "
+        "would be refused (budget_exceeded); the test may raise max_reads in its email_contract"
+    )
+    script: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
         (
             "reserve_mailbox",
             {"purpose": "signup", "ttl": 60},
@@ -733,7 +869,8 @@ def test_dry_run_answers_what_would_happen_and_touches_nothing(
             {"status": "consumed", "message_id": "m-0123456789ab"},
             "release_mailbox",
         ),
-        ("request_resend", {"fixture_id": own}, {"status": "waiting"}, "wait_for_message"),
+        # both reads are spent: the answer says stop, not wait_for_message
+        ("request_resend", {"fixture_id": own}, {"status": "waiting", "reason": spent}, None),
     ]
     for name, arguments, expected, then_tool in script:
         answer = tools.call(name, arguments)
@@ -741,7 +878,7 @@ def test_dry_run_answers_what_would_happen_and_touches_nothing(
         assert answer.pop("attempt") == 1
         then = answer.pop("next_action")
         assert answer == simulated | expected
-        assert then == {"do": "call", "tool": then_tool}
+        assert then == ({"do": "call", "tool": then_tool} if then_tool else {"do": "stop"})
     # budgets hold in dry-run too; release is terminal for the dry run alone
     assert tools.call("wait_for_message", script[1][1])["status"] == "budget_exceeded"
     release = {"fixture_id": own, "reason": "released_success"}
@@ -756,6 +893,42 @@ def test_dry_run_answers_what_would_happen_and_touches_nothing(
         "simulated",
         "rejected",
     ]
+
+
+@pytest.mark.email_contract(purpose="signup", mode="dry-run")
+def test_after_a_dry_run_release_every_answer_still_says_dry_run(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    before = untouched(mailbox_store, isolated_mailbox)
+    release = {"fixture_id": own, "reason": "released_success"}
+    assert stable(tools.call("release_mailbox", release)) == {
+        "status": "released",
+        "reason": "dry-run: nothing was done",
+        "fixture_id": own,
+        "attempt": 1,
+        "dry_run": True,
+        "next_action": {"do": "stop"},
+    }
+    simulated_release = {
+        "status": "released",
+        "reason": "dry-run: the mailbox counts as released for this dry run (the real one "
+        "is untouched): terminal, the harness decides what comes next",
+        "fixture_id": own,
+        "dry_run": True,
+        "next_action": {"do": "stop"},
+    }
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("reserve_mailbox", {"purpose": "signup", "ttl": 60}),
+        ("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5}),
+        ("release_mailbox", release),
+    ]
+    for name, arguments in calls:
+        assert tools.call(name, arguments) == simulated_release
+    assert tools.call("list_inbox", {})["dry_run"] is True  # a rejection in a dry run too
+    assert isolated_mailbox.state == "reserved"
+    assert untouched(mailbox_store, isolated_mailbox) == before
 
 
 @SIGNUP
@@ -803,6 +976,62 @@ def test_a_failing_sender_is_a_provider_error_not_an_exception(isolated_mailbox:
     ]
 
 
+def test_a_failing_sender_is_logged_with_its_traceback_for_the_test_author(
+    isolated_mailbox: Mailbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken_sender(address: str) -> None:
+        raise ConnectionRefusedError(address)
+
+    tools = isolated_mailbox.agent_tools(resend=broken_sender)
+    with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):
+        answer = tools.call("request_resend", {"fixture_id": isolated_mailbox.mailbox_id}, "rs1")
+    assert answer["status"] == "provider_error"
+    assert "broken_sender" not in json.dumps(answer)  # the agent gets no traceback
+    (record,) = [r for r in caplog.records if r.name == "pytest_mailbox.agent"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"agent tool call request_resend (rs1) of {isolated_mailbox.mailbox_id} failed in the "
+        "harness; the agent was answered provider_error"
+    )
+    assert record.exc_info is not None
+    assert record.exc_info[0] is ConnectionRefusedError
+    assert "in broken_sender" in caplog.text  # the traceback, down to the test's own code
+
+
+class _Killed(BaseException):
+    """The harness's process ending mid-call, as a kill would."""
+
+
+def test_a_counted_call_that_never_returned_is_evidence_as_unfinished(
+    isolated_mailbox: Mailbox,
+) -> None:
+    own = isolated_mailbox.mailbox_id
+    in_flight = []
+
+    def resend(address: str) -> None:
+        in_flight.extend(tools.evidence())
+        raise _Killed
+
+    tools = isolated_mailbox.agent_tools(resend=resend)
+    with pytest.raises(_Killed):
+        tools.call("request_resend", {"fixture_id": own}, "rs1")
+
+    unfinished = {
+        "tool_call_id": "rs1",
+        "tool": "request_resend",
+        "arguments": {"fixture_id": own},
+        "steps": ["proposed", "allowed"],
+        "status": "unfinished",
+        "reason": "the call had not returned when this evidence was read: still running, or "
+        "its process ended first",
+    }
+    (during,) = in_flight
+    assert during.model_dump(include=set(unfinished)) == unfinished
+    evidence = isolated_mailbox.receipt().evidence or []
+    assert evidence == [during]  # the budget counted it, and the evidence shows it
+    assert tools.call("request_resend", {"fixture_id": own})["status"] == "budget_exceeded"
+
+
 @SIGNUP
 def test_wait_for_message_waits_for_the_mail_to_arrive(
     isolated_mailbox: Mailbox, app: SignupApp
@@ -848,6 +1077,35 @@ def test_a_message_with_several_allowed_links_is_found_and_no_link_is_shown(
 
 
 # -- the test side -----------------------------------------------------------------------------
+
+
+@pytest.mark.email_contract(purpose="signup", lease=30, link_domains=[APP])
+def test_reveal_picks_one_of_several_links_on_the_host_by_path(
+    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+) -> None:
+    token = "".join(secrets.choice(string.ascii_letters) for _ in range(32))
+    verify, unsubscribe = f"https://{APP}/verify?token={token}", f"https://{APP}/unsubscribe"
+    mail = EmailMessage()
+    mail["From"], mail["To"], mail["Subject"] = f"noreply@{APP}", isolated_mailbox.address, "Hi"
+    mail.set_content(f"Verify: {verify}\nNo more mail? {unsubscribe}\n")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(mail)
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+
+    why = "the message carries 2 links on allowed hosts, so none is shown; the harness picks one"
+    for answer in (found, claimed):
+        assert "link" not in answer
+        assert answer["reason"] == why
+    message_id = found["message_id"]
+    assert tools.reveal(message_id, domain=APP, path="/verify") == verify
+    assert tools.reveal(message_id, path="/unsubscribe") == unsubscribe
+    with pytest.raises(ExtractionError):
+        tools.reveal(message_id, domain=APP)  # two candidates: path= picks one
+    assert token not in dump_receipt(isolated_mailbox.receipt())
 
 
 @SIGNUP
@@ -1178,6 +1436,54 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
     )
     assert journal_path(mailbox_store.path).is_file()
     bare.release()
+
+
+@SIGNUP
+def test_mcp_server_cuts_a_wait_short_when_its_client_closes_stdin(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    def request(method: str, id_: int | None = None, **params: Any) -> bytes:
+        message = {"jsonrpc": "2.0", "method": method} | ({"id": id_} if id_ else {})
+        return json.dumps(message | ({"params": params} if params else {})).encode() + b"\n"
+
+    def call(id_: int, name: str, arguments: dict[str, Any]) -> bytes:
+        return request("tools/call", id_, name=name, arguments=arguments)
+
+    hello = {"name": "test", "version": "1"}
+    pipe = subprocess.PIPE
+    with (
+        (tmp_path / "stderr").open("wb") as stderr,
+        subprocess.Popen(tools.mcp_command(), stdin=pipe, stdout=pipe, stderr=stderr) as server,
+    ):
+        assert server.stdin is not None
+        assert server.stdout is not None
+        server.stdin.write(
+            request(
+                "initialize", 1, protocolVersion="2025-06-18", capabilities={}, clientInfo=hello
+            )
+        )
+        server.stdin.flush()
+        assert json.loads(server.stdout.readline())["id"] == 1
+        server.stdin.write(request("notifications/initialized"))
+        server.stdin.write(
+            call(2, "wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 60})
+        )
+        server.stdin.write(call(3, "reserve_mailbox", {"purpose": "signup", "ttl": 60}))
+        server.stdin.flush()
+        # the wait blocks in its thread; the call after it is answered all the same
+        assert json.loads(server.stdout.readline())["id"] == 3
+        server.stdin.close()  # the client goes away while the wait is in progress
+        server.stdout.read()  # until the server exits
+        assert server.wait() == 0
+
+    by_tool = {e.tool: e for e in tools.evidence()}
+    assert sorted(by_tool) == ["reserve_mailbox", "wait_for_message"]
+    cut = by_tool["wait_for_message"]
+    assert (cut.steps, cut.status) == (["proposed", "allowed", "executed"], "waiting")
+    assert cut.reason == "the wait was cut short: the toolset closed (its server is shutting down)"
 
 
 @SIGNUP

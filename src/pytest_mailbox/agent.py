@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import secrets
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -45,7 +47,16 @@ from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, S
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.message import Message, _host, mask_copied, redact_url
+from pytest_mailbox.message import (
+    _URL_IN_TEXT,
+    TEST_EXTRACTED,
+    Message,
+    _host,
+    _redacted_link,
+    mask_copied,
+    mask_extracted,
+    redact_url,
+)
 from pytest_mailbox.store import Outcome, Store
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
@@ -58,7 +69,16 @@ MAX_WAIT = 60.0
 _FIXTURE_ID = r"^mbx-[0-9a-f]{4,32}$"
 _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
 _SHOWN = 64  # agent-chosen names and ids are kept to this many characters in evidence
+_MASKED_WHOLE = 4096  # agent-chosen text is masked whole up to this length, then shortened
+_MIN_TEST_EXTRACTED = 4  # shorter values the test extracted are not masked inside ids
+#: How long one look of ``wait_for_message`` blocks before it sees whether the toolset closed.
+_WAIT_SLICE = 0.25
 _CLOSED = (Status.RELEASED, Status.EXPIRED)
+#: The status of an evidence entry whose call had not returned: still running, or its process
+#: ended first (an MCP server killed mid-call). Its budget was counted all the same.
+UNFINISHED = "unfinished"
+
+log = logging.getLogger("pytest_mailbox.agent")
 
 
 # -- intent: one model per tool -------------------------------------------------------------
@@ -390,29 +410,41 @@ class _Journal:
         return None if row is None else (EmailContract.model_validate_json(row[0]), int(row[1]))
 
     def admit(
-        self, mailbox_id: str, tool: str, budget: str | None, limit: int | None
+        self, entry: AgentEvidence, budget: str | None, limit: int | None
     ) -> tuple[int, int] | None:
-        """Count a call against its budget atomically: (row, attempt), or None if used up."""
+        """Count a call against its budget atomically: (row, attempt), or None if used up.
+
+        The row holds ``entry`` (status ``unfinished``) until the call's own entry replaces
+        it: a counted call always has evidence, even if its process ends mid-call.
+        """
+        mailbox_id, tool = entry.mailbox_id, entry.tool
         with self._connect(write=True) as conn:
-            if limit is not None:
-                (used,) = conn.execute(
-                    "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ? AND budget = ?"
-                    " AND allowed = 1",
-                    (mailbox_id, budget),
-                ).fetchone()
-                if used >= limit:
-                    return None
+            if limit is not None and self._used(conn, mailbox_id, budget) >= limit:
+                return None
             (before,) = conn.execute(
                 "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ? AND tool = ? AND allowed = 1",
                 (mailbox_id, tool),
             ).fetchone()
             row = conn.execute(
                 "INSERT INTO evidence (mailbox_id, tool, budget, allowed, entry)"
-                " VALUES (?,?,?,1,'')",
-                (mailbox_id, tool, budget),
+                " VALUES (?,?,?,1,?)",
+                (mailbox_id, tool, budget, entry.model_dump_json()),
             ).lastrowid
         assert row is not None
         return row, before + 1
+
+    def used(self, mailbox_id: str, budget: str) -> int:
+        """How much of ``budget`` this mailbox's calls have used, in every process."""
+        with self._connect() as conn:
+            return self._used(conn, mailbox_id, budget)
+
+    @staticmethod
+    def _used(conn: sqlite3.Connection, mailbox_id: str, budget: str | None) -> int:
+        (used,) = conn.execute(
+            "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ? AND budget = ? AND allowed = 1",
+            (mailbox_id, budget),
+        ).fetchone()
+        return int(used)
 
     def write(self, row: int | None, entry: AgentEvidence) -> None:
         with self._connect() as conn:
@@ -446,10 +478,38 @@ class _Call:
     arguments: dict[str, Any] = field(default_factory=dict)
     row: int | None = None
 
+    def with_step(self, step: str) -> _Call:
+        return replace(self, steps=[*self.steps, step])
+
 
 def _shown(text: object) -> str:
     """Agent-chosen names as evidence keeps them: printable, at most 64 characters."""
     return "".join(c if c.isprintable() else "?" for c in str(text)[:_SHOWN])
+
+
+def _name(text: object) -> str:
+    """An agent-chosen name (a tool, a field) as answers and evidence quote it: masked as
+    free text in arguments is (``mask_copied``: links, token-like words, digit runs, what
+    this process extracted), then printable and at most 64 characters."""
+    return _shown(mask_copied(str(text)[:_MASKED_WHOLE]))
+
+
+def _unextracted(text: str) -> str:
+    """``text`` with every link and code the test extracted masked (``reveal``, ``link()``,
+    ``code()``), wherever it shows."""
+    extracted = (v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED)
+    return mask_extracted(text, also=extracted)
+
+
+def _call_id(text: object) -> str:
+    """A tool_call_id as evidence keeps it: links redacted and what the test extracted
+    masked, then printable and at most 64 characters.
+
+    A harness may have handed its agent a link or a code, which the agent may echo as its
+    call's id. Token-like words and digit runs stay: provider ids (``call_…``, ``toolu_01…``)
+    are random by design, and masking them would cut the entry off from the transcript.
+    """
+    return _shown(_unextracted(_URL_IN_TEXT.sub(_redacted_link, str(text)[:_MASKED_WHOLE])))
 
 
 def _problems(tool: str, exc: Exception) -> str:
@@ -458,7 +518,7 @@ def _problems(tool: str, exc: Exception) -> str:
         return f"the arguments of {tool} must be a JSON object"
     problems = []
     for error in exc.errors(include_input=False, include_url=False):
-        where = ".".join(_shown(part) for part in error["loc"])
+        where = ".".join(_name(part) for part in error["loc"])
         if error["type"] == "extra_forbidden":
             problems.append(f"unknown field {where!r}")
         else:
@@ -491,6 +551,7 @@ class AgentTools:
         self._tools = {t.name: t for t in _TOOLS if resend is not None or t.budget != "resends"}
         self._limits = {"reads": self.contract.max_reads, "resends": self.contract.max_resends}
         self._terminal: Answer | None = None
+        self._closing = threading.Event()
         self._journal = _Journal(journal_path(mailbox.store.path))
         self._journal.bind(mailbox.mailbox_id, self.contract, self.ttl_max)
 
@@ -565,23 +626,43 @@ class AgentTools:
         """
         started = time.perf_counter()
         call = _Call(
-            tool=_shown(name),
-            tool_call_id=_shown(tool_call_id) if tool_call_id else f"tc-{secrets.token_hex(6)}",
+            tool=name if isinstance(name, str) and name in self._tools else _name(name),
+            tool_call_id=_call_id(tool_call_id) if tool_call_id else f"tc-{secrets.token_hex(6)}",
             at=utc(self.mailbox.store.clock()),
         )
         try:
-            answer = self._decide(name, arguments, call)
+            answer = self._affordable(self._decide(name, arguments, call))
+            if self.contract.mode == "dry-run":
+                answer = answer.model_copy(update={"dry_run": True})
             self._record(call, answer, started)
         except Exception as exc:  # the surface never raises: a failure is an answer too
+            # The agent learns only that the harness failed; its author gets the traceback.
+            log.warning(
+                "agent tool call %s (%s) of %s failed in the harness; the agent was answered "
+                "provider_error",
+                call.tool,
+                call.tool_call_id,
+                self.mailbox.mailbox_id,
+                exc_info=True,
+            )
             reason = f"the harness failed ({type(exc).__name__}); it decides what happens next"
             answer = self._reply(Status.PROVIDER_ERROR, _STOP, reason)
+            if self.contract.mode == "dry-run":
+                answer = answer.model_copy(update={"dry_run": True})
             call.steps.append("failed")
             with suppress(Exception):
                 self._record(call, answer, started)
         return answer.model_dump(mode="json", exclude_none=True)
 
-    def _record(self, call: _Call, answer: Answer, started: float) -> None:
-        entry = AgentEvidence(
+    def close(self) -> None:
+        """Cut short a ``wait_for_message`` in progress, and let no later one block: for a
+        server that shuts down (the MCP server calls it when its client goes away)."""
+        self._closing.set()
+
+    def _entry(
+        self, call: _Call, status: str, reason: str | None, latency_ms: float
+    ) -> AgentEvidence:
+        return AgentEvidence(
             at=call.at,
             run_id=self.mailbox.run_id,
             mailbox_id=self.mailbox.mailbox_id,
@@ -589,12 +670,15 @@ class AgentTools:
             tool=call.tool,
             mode=self.contract.mode,
             arguments=call.arguments,
-            steps=call.steps,
-            status=answer.status,
-            reason=answer.reason,
-            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            steps=list(call.steps),
+            status=status,
+            reason=reason,
+            latency_ms=latency_ms,
         )
-        self._journal.write(call.row, entry)
+
+    def _record(self, call: _Call, answer: Answer, started: float) -> None:
+        latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        self._journal.write(call.row, self._entry(call, answer.status, answer.reason, latency_ms))
 
     def _decide(self, name: str, arguments: Mapping[str, Any] | str | None, call: _Call) -> Answer:
         tool = self._tools.get(name)
@@ -603,7 +687,7 @@ class AgentTools:
             tools = ", ".join(self._tools)
             return Answer(
                 status="rejected",
-                reason=f"there is no tool {call.tool!r}; the tools are {tools}",
+                reason=f"there is no tool {call.tool!r}; the tools are {tools}",  # masked
                 next_action=_FIX,
             )
         # intent
@@ -626,7 +710,15 @@ class AgentTools:
         admitted = None
         if denied is None:
             limit = self._limits.get(tool.budget or "")
-            admitted = self._journal.admit(self.mailbox.mailbox_id, tool.name, tool.budget, limit)
+            # Until the call's own entry replaces it: a call counted but never finished.
+            unfinished = self._entry(
+                call.with_step("allowed"),
+                UNFINISHED,
+                "the call had not returned when this evidence was read: still running, or "
+                "its process ended first",
+                0.0,
+            )
+            admitted = self._journal.admit(unfinished, tool.budget, limit)
         if admitted is None:
             call.steps.append("rejected")
             return denied or self._over_budget(tool)
@@ -652,8 +744,7 @@ class AgentTools:
                 call.steps.append("refused")
         if answer.status in (Status.RELEASED.value, Status.EXPIRED.value):
             self._terminal = self._closed(Status(answer.status))
-        update = {"attempt": attempt, "remaining_ms": self._remaining_ms()}
-        return answer.model_copy(update={**update, "dry_run": True} if dry else update)
+        return answer.model_copy(update={"attempt": attempt, "remaining_ms": self._remaining_ms()})
 
     def _reply(
         self, status: Status, next_action: NextAction, reason: str | None = None, **fields: Any
@@ -708,7 +799,31 @@ class AgentTools:
 
     def _closed(self, status: Status) -> Answer:
         reason = f"the mailbox is {status.value}: terminal, the harness decides what comes next"
+        if status is Status.RELEASED and self.contract.mode == "dry-run":
+            reason = (
+                "dry-run: the mailbox counts as released for this dry run (the real one is "
+                "untouched): terminal, the harness decides what comes next"
+            )
         return self._reply(status, _STOP, reason)
+
+    def _affordable(self, answer: Answer) -> Answer:
+        """``answer``, unless its next_action is a call that the budget would refuse: then
+        ``stop``, with why. Counted in the journal when the answer is made: what any process
+        spent until then."""
+        then = answer.next_action
+        tool = self._tools.get(then.tool or "")
+        if then.do == "stop" or tool is None or tool.budget is None:
+            return answer
+        limit = self._limits[tool.budget]
+        if self._journal.used(self.mailbox.mailbox_id, tool.budget) < limit:
+            return answer
+        field = {"reads": "max_reads", "resends": "max_resends"}[tool.budget]
+        spent = (
+            f"this run's {field}={limit} is used up, so {tool.name} would be refused "
+            f"(budget_exceeded); the test may raise {field} in its email_contract"
+        )
+        reason = spent if answer.reason is None else f"{answer.reason}; {spent}"
+        return answer.model_copy(update={"reason": reason, "next_action": _STOP})
 
     def _remaining_ms(self) -> int:
         left = self.mailbox.expires_at.timestamp() - self.mailbox.store.clock()
@@ -748,10 +863,18 @@ class AgentTools:
         return self._done(tool)
 
     def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
-        """Wait for messages carrying ``kind``, without claiming one."""
-        offered = self.mailbox.look_for(
-            lambda message: self._carries(message, args.kind), timeout=args.timeout
-        )
+        """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""
+        deadline = time.monotonic() + args.timeout
+        while True:  # in slices, to see close() in time
+            left = 0.0 if self._closing.is_set() else max(0.0, deadline - time.monotonic())
+            offered = self.mailbox.look_for(
+                lambda message: self._carries(message, args.kind), timeout=min(left, _WAIT_SLICE)
+            )
+            if offered or left <= _WAIT_SLICE:
+                break
+        if not offered and self._closing.is_set():
+            cut = "the wait was cut short: the toolset closed (its server is shutting down)"
+            return self._reply(Status.WAITING, _STOP, cut)
         if not offered:
             waiting = f"no message with a {args.kind} yet"
             return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
@@ -765,7 +888,7 @@ class AgentTools:
             message_id=row.message_id,
             kind=args.kind,
             received_at=utc(row.received_at),
-            link=self._link(message) if args.kind == "link" else None,
+            **(self._link(message) if args.kind == "link" else {}),
         )
 
     def _carries(self, message: Message, kind: str) -> bool:
@@ -781,11 +904,19 @@ class AgentTools:
         allowed = self.contract.link_domains
         return [u for u in message.links() if not allowed or normalize_domain(_host(u)) in allowed]
 
-    def _link(self, message: Message) -> str | None:
-        """The message's one link on an allowed host, redacted; None if none or several (the
-        harness picks with ``reveal(domain=...)``)."""
+    def _link(self, message: Message) -> dict[str, str]:
+        """The answer's ``link``: the message's one link on an allowed host, redacted. With
+        several, none, and a ``reason`` that says why (the harness picks with ``reveal``)."""
         found = self._allowed_links(message)
-        return redact_url(found[0]) if len(found) == 1 else None
+        if len(found) == 1:
+            return {"link": redact_url(found[0])}
+        if found:
+            why = (
+                f"the message carries {len(found)} links on allowed hosts, so none is shown; "
+                "the harness picks one"
+            )
+            return {"reason": why}
+        return {}
 
     def _claim(self, tool: _Tool, args: ClaimMessage) -> Answer:
         mailbox, chosen = self.mailbox, args.selector
@@ -802,9 +933,9 @@ class AgentTools:
             tool,
             message_id=claimed.message_id,
             received_at=claimed.received_at,
-            link=self._link(claimed),
             fence=claimed.fence,
             lease_ms=max(0, round(left * 1000)),
+            **self._link(claimed),
         )
 
     def _refusal(self, exc: MailboxError, args: _Arguments) -> Answer:
@@ -842,13 +973,17 @@ class AgentTools:
         *,
         kind: Literal["link", "code"] = "link",
         domain: str | None = None,
+        path: str | None = None,
         pattern: str | None = None,
     ) -> str:
         """The real link (or code) of a message this run holds: for the harness, not the model.
 
-        The link's domain is checked against the contract's ``link_domains``, and the value is
-        recorded in the receipt as a digest, exactly as ``ClaimedMessage.link()`` does.
+        The link's domain is checked against the contract's ``link_domains``, ``path`` picks
+        the link whose URL path is it or lies under it (``path="/verify"``) when the message
+        links there more than once, and the value is recorded in the receipt as a digest,
+        exactly as ``ClaimedMessage.link()`` does.
         """
+        __tracebackhide__ = True
         mailbox = self.mailbox
         row = mailbox.store.message(message_id)
         now = mailbox.store.clock()
@@ -868,11 +1003,33 @@ class AgentTools:
             raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
         outcome = Outcome(Status.CLAIMED, message_id, fence=row.fence, lease_until=row.lease_until)
         message = ClaimedMessage(mailbox.store.raw(row.body_id), row, mailbox, outcome)
-        return message.code(pattern) if kind == "code" else message.link(domain)
+        return message.code(pattern) if kind == "code" else message.link(domain, path=path)
 
     def evidence(self) -> list[AgentEvidence]:
-        """Every call on this run's mailbox so far, from every process, in order."""
-        return self._journal.entries(self.mailbox.mailbox_id)
+        """Every call on this run's mailbox so far, from every process, in order.
+
+        Masked again here, in the test's process: a link or code the test extracted, which
+        an MCP server's process could not know, is masked in every agent-chosen text.
+        """
+        return [_remasked(entry) for entry in self._journal.entries(self.mailbox.mailbox_id)]
+
+
+def _remasked(entry: AgentEvidence) -> AgentEvidence:
+    """``entry`` with what the test extracted masked in its agent-chosen texts."""
+    update: dict[str, Any] = {
+        "tool": _unextracted(entry.tool),
+        "tool_call_id": _unextracted(entry.tool_call_id),
+    }
+    if entry.reason is not None:
+        update["reason"] = _unextracted(entry.reason)
+    selector = entry.arguments.get("selector")
+    if isinstance(selector, dict) and isinstance(selector.get("subject_contains"), str):
+        subject = _unextracted(selector["subject_contains"])
+        update["arguments"] = {
+            **entry.arguments,
+            "selector": {**selector, "subject_contains": subject},
+        }
+    return entry.model_copy(update=update)
 
 
 def _id(args: _Arguments) -> dict[str, Any]:

@@ -5,7 +5,8 @@ tools that the run's test made with ``isolated_mailbox.agent_tools()`` (whose
 ``mcp_command()`` is this command line), under the same policy, budgets and evidence
 journal. Every answer is a result with ``structuredContent``; refusals such as
 ``policy_denied`` or ``budget_exceeded`` are ordinary results, never ``isError``, so the
-agent can read their ``next_action``.
+agent can read their ``next_action``. When the client closes stdin, a ``wait_for_message``
+in progress is cut short, so the server exits at once rather than when the wait would end.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import argparse
 import json
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_mailbox.agent import AgentTools
 from pytest_mailbox.store import Store
@@ -24,6 +26,7 @@ from pytest_mailbox.store import Store
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
+    from mcp.shared._stream_protocols import ReadStream
     from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult
 
 __all__ = ["build_server", "main", "serve"]
@@ -79,13 +82,68 @@ def build_server(tools: AgentTools) -> Server[Any]:
     )
 
 
+_T = TypeVar("_T")
+
+
+class _Watched(Generic[_T]):
+    """A read stream that calls ``ended`` once it has nothing more to give (the client
+    closed stdin): the server then waits for the calls in progress, which must not block."""
+
+    def __init__(self, stream: ReadStream[_T], ended: Callable[[], None]) -> None:
+        self._stream = stream
+        self._ended = ended
+
+    @property
+    def last_context(self) -> object:
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> _T:
+        import anyio  # noqa: PLC0415
+
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._ended()
+            raise
+
+    async def aclose(self) -> None:
+        self._ended()
+        await self._stream.aclose()
+
+    def __aiter__(self) -> _Watched[_T]:
+        return self
+
+    async def __anext__(self) -> _T:
+        import anyio  # noqa: PLC0415
+
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _Watched[_T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
 async def serve(tools: AgentTools) -> None:
     """Serve ``tools`` on stdin/stdout until the client closes the stream."""
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
 
     server = build_server(tools)
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    try:
+        async with stdio_server() as (read, write):
+            watched = _Watched(read, tools.close)  # stdin closed: cut short a wait
+            await server.run(watched, write, server.create_initialization_options())
+    finally:
+        tools.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
