@@ -1408,3 +1408,73 @@ def test_a_links_end_in_pytests_diff_of_two_strings_is_masked(
     text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
     for piece in ("AbCdEfGh", "Zq8xYtK", "Q9sL1AbC", "sL1AbCdEfGh"):
         assert piece not in text, piece
+
+
+CUT_SUITE = """
+import unittest
+
+import pytest
+
+CODE = "K7QM2PZ9TXW4"
+HEX = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+TAIL = "Thanks,\\\\nThe Example team, 123 Long Street, Springfield"
+
+
+def test_indented(isolated_mailbox, send):
+    body = f"Hello Ann,\\\\n\\\\nYour recovery details:\\\\n    code={CODE}\\\\n\\\\n{TAIL}"
+    send(isolated_mailbox.address, body=body)
+    msg = isolated_mailbox.wait_for()
+    assert msg.code(r"code=(\\\\w+)") == CODE
+    assert msg.text.strip() == body.replace("code=", "code:")
+
+
+def test_context_line(isolated_mailbox, send):
+    body = f"Hello Ann,\\\\n\\\\nYour recovery code is on the next line:\\\\n{CODE}\\\\n\\\\n{TAIL}"
+    send(isolated_mailbox.address, body=body)
+    msg = isolated_mailbox.wait_for()
+    assert msg.code(r"line:\\\\s+(\\\\w+)") == CODE
+    assert msg.text.strip() == body.replace("line:", "line.")
+
+
+@pytest.fixture
+def link(isolated_mailbox, send):
+    send(isolated_mailbox.address, body=f"Confirm: https://app.example.test/confirm/{HEX}?utm=mail")
+    return isolated_mailbox.wait_for().link()
+
+
+class TestSignup(unittest.TestCase):
+    @pytest.fixture(autouse=True)
+    def _inject(self, link):
+        self.link = link
+
+    def test_redirect(self):
+        self.assertEqual(self.link, "https://app.example.test/login")
+
+
+def test_a_pin_remembered_by_the_process(isolated_mailbox, send):
+    send(isolated_mailbox.address, body="Your PIN is 812024")
+    assert isolated_mailbox.wait_for().code() == "812024"
+
+
+def test_dates_of_a_test_that_extracted_nothing():
+    print("Changes\\\\n- 2024 rewrite of the parser\\\\n+ Loading.... fixed")
+    assert "2024-05-01" == "2024-05-02"
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_values_cut_by_a_diff_or_by_unittest_are_masked_and_nothing_else(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """An indented line and a context line of a diff cut at "Skipping N identical
+    trailing characters", and unittest's ``[36 chars]``; another test's dates and output
+    keep their digits although a remembered code ends in them."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_cut=CUT_SUITE)
+    result = pytester.runpytest("-n", workers, "-p", "no:randomly", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=4, passed=1)
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    for piece in ("K7QM", "9f86d081884c", "c55ad015a"):
+        assert piece not in text, piece
+    result.stdout.fnmatch_lines(["*- 2024-05-02", "*+ 2024-05-01"])
+    assert "- 2024 rewrite of the parser" in text

@@ -397,10 +397,10 @@ class Masker:
         self.words = re.compile(alone) if shown else None
 
     def __call__(self, text: str) -> str:
-        if _CUT in text:  # first: a shorter value masked inside a cut one would hide its start
-            text = self._mask_cut(text)
-        if self.cut and _DIFF_LINE.search(text):
-            text = _DIFF_LINE.sub(self._mask_diff_line, text)
+        if _CUT in text or " chars]" in text:  # first: a shorter value masked inside a
+            text = self._mask_cut(text)  # cut one would hide its start
+        if self.cut and " identical " in text and _SKIPPED.search(text):
+            text = self._mask_diff(text)
         for value in self._present(text):
             if value.isdigit():  # not inside a longer number
                 text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
@@ -427,11 +427,12 @@ class Masker:
         return found
 
     def _mask_cut(self, text: str) -> str:
-        parts = _CUTS.split(text)  # text, dots, text, dots, …, text
+        parts = _CUTS.split(text)  # text, cut, text, cut, …, text
         for i in range(1, len(parts), 2):
             # pytest cuts with three dots; more belong to a piece, before or after them
             # (``'https://app....Q9sL1'`` keeps ``https://app.``).
-            extra = parts[i][len(_CUT) :]
+            cut = parts[i] if parts[i].startswith(_CUT) else ""  # or unittest's [N chars]
+            extra = cut[len(_CUT) :]
             best: tuple[int, str, str] | None = None
             for at in dict.fromkeys((0, len(extra))):
                 before, after = parts[i - 1] + extra[:at], extra[at:] + parts[i + 1]
@@ -441,7 +442,7 @@ class Masker:
                     best = (start + end, shown, "\u2022" * end + after[end:])
             assert best is not None
             _, parts[i - 1], parts[i + 1] = best
-            parts[i] = _CUT
+            parts[i] = _CUT if cut else parts[i]
         return "".join(parts)
 
     def _start_of_value(self, before: str, least: int | None = None) -> int:
@@ -453,23 +454,38 @@ class Masker:
         """How long an end of a value begins ``after``."""
         return max((_end_after_cut(after, v, least) for v in self._having(after[:4])), default=0)
 
-    def _mask_diff_line(self, match: re.Match[str]) -> str:
-        """A line of pytest's diff that may begin or end inside a value: "Skipping 55
-        identical leading characters in diff" prints a link's last characters alone."""
-        line = match.group(2)
-        # pytest keeps ten characters beside what it skips: a piece that short counts here.
-        start, end = self._end_of_value(line, _MIN_CUT), self._start_of_value(line, _MIN_CUT)
-        if start + end > len(line):
-            return match.group(1) + "\u2022" * len(line)
-        cut = len(line) - end
-        return match.group(1) + "\u2022" * start + line[start:cut] + "\u2022" * end
+    def _mask_diff(self, text: str) -> str:
+        """The lines of pytest's diff after "Skipping N identical leading (trailing)
+        characters in diff": each begins (ends) where pytest cut both strings, perhaps
+        inside a value, whose piece there is masked from four characters on."""
+        lines = text.split("\n")
+        edge = None
+        for i, line in enumerate(lines):
+            skipped = _SKIPPED.search(line)
+            if skipped is not None:
+                edge = skipped.group(1)
+                continue
+            if edge is None or not line.strip():
+                continue
+            head, body, tail = _DIFF_BODY.match(line).groups()  # type: ignore[union-attr]
+            if edge == "leading":
+                size = self._end_of_value(body, _MIN_CUT)
+                body = "\u2022" * size + body[size:]
+            else:
+                size = self._start_of_value(body, _MIN_CUT)
+                body = body[: len(body) - size] + "\u2022" * size
+            lines[i] = head + body + tail
+        return "\n".join(lines)
 
 
 _CUT = "..."  # what pytest's saferepr puts in the middle of a repr it shortens
-_CUTS = re.compile(r"(\.{3,})")
-#: A line of pytest's ndiff (``- …``, ``+ …``), in a report's lines (``E     + …``) or in
-#: its crash message; "Skipping N identical leading (or trailing) characters" cuts them.
-_DIFF_LINE = re.compile(r"(?m)^(E?[ \t]*[-+] )(\S[^\n]*?)$")
+#: saferepr's dots, and unittest's ``[36 chars]`` (``assertEqual`` shortens both values).
+_CUTS = re.compile(r"(\.{3,}|\[\d+ chars\])")
+#: pytest's diff of two long strings, cut where they start (end) to differ.
+_SKIPPED = re.compile(r"Skipping \d+ identical (leading|trailing) characters in diff")
+#: A line of that diff: the report's ``E`` and indent, ndiff's ``- ``, ``+ ``, ``? `` or
+#: ``  ``, then the text (its indent is taken as the line's: a cut never ends in spaces).
+_DIFF_BODY = re.compile(r"(E?[ \t]*(?:[-+?] )?[ \t]*)(.*?)([ \t\r]*)$")
 _MIN_CUT = 4
 #: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
 _MAX_PIECED = 4096

@@ -545,13 +545,22 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
         return tuple(_masked(part, mask, seen) for part in node)
     if isinstance(node, list | TerminalRepr) and id(node) not in seen:
         seen.add(id(node))
-        if isinstance(node, list):
+        if isinstance(node, list) and _lines(node):
+            # Masked together: a diff's header says where the lines after it were cut.
+            masked = mask("\n".join(node)).split("\n")
+            node[:] = masked if len(masked) == len(node) else [mask(line) for line in node]
+        elif isinstance(node, list):
             node[:] = [_masked(part, mask, seen) for part in node]
         else:
             for name, value in list(vars(node).items()):
                 if name != "style":  # "long", "short", …: read by pytest, never shown
                     setattr(node, name, _masked(value, mask, seen))
     return node
+
+
+def _lines(node: list[Any]) -> bool:
+    """``node`` is a report's lines: strings of one line each."""
+    return bool(node) and all(isinstance(line, str) and "\n" not in line for line in node)
 
 
 class _ReceiptWriter:
