@@ -361,7 +361,31 @@ def test_link_by_path_picks_one_of_several_links_on_a_host() -> None:
     assert message.link(path="/verifyx") == "https://app.example.test/verifyx"
     with pytest.raises(ExtractionError) as none:
         message.link("app.example.test", path="/reset")
-    assert str(none.value).startswith("no link on app.example.test under '/reset' in message m-1")
+    assert str(none.value).startswith(
+        "no link on app.example.test under '/reset' (from the path's start: '/en/verify' is "
+        "not) in message m-1"
+    )
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        "https://app.example.test/%76erify?t=1",
+        "https://app.example.test/verify;jsessionid=AB12?t=1",
+        "https://app.example.test/verify/%41bc",
+    ],
+)
+def test_link_path_is_compared_decoded_and_without_parameters(link: str) -> None:
+    message = plain(f"Open {link}\nStop: https://app.example.test/unsubscribe")
+    assert message.link(path="/verify") == link
+    assert message.link(path="/%76erify") == link
+
+
+def test_link_path_keeps_an_encoded_slash_apart_and_reads_any_script() -> None:
+    message = plain("https://app.example.test/a%2Fb/x https://app.example.test/caf%C3%A9/x")
+    assert message.link(path="/café") == "https://app.example.test/caf%C3%A9/x"
+    with pytest.raises(ExtractionError, match=r"^no link under '/a/b'"):
+        message.link(path="/a/b")
 
 
 @pytest.mark.parametrize("path", ["verify", "/verify?token=x", "/v#top", ""])

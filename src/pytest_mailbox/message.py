@@ -21,7 +21,7 @@ from email.policy import EmailPolicy
 from functools import cached_property, lru_cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote_plus, urlsplit
+from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
 from pytest_mailbox.contract import _regex_problem
 from pytest_mailbox.endpoint import normalize_domain
@@ -585,11 +585,21 @@ def _host(url: str) -> str:
 
 
 def _path(url: str) -> str:
-    """The URL's path as it is written ("" if it has none or cannot be read)."""
+    """The URL's path as ``link(path=)`` compares it ("" if it has none or cannot be read)."""
     try:
-        return urlsplit(_as_browsers_read(url)).path
+        return _plain_path(urlsplit(_as_browsers_read(url)).path)
     except ValueError:
         return ""
+
+
+def _plain_path(path: str) -> str:
+    """``path`` without its segments' ``;parameters`` (``;jsessionid=…``), and decoded
+    but for an encoded slash: ``/%76erify`` and ``/caf%C3%A9`` read ``/verify``, ``/café``."""
+    path = _PATH_PARAMS.sub("", path)
+    return "%2F".join(unquote(part) for part in re.split("%2[Ff]", path))
+
+
+_PATH_PARAMS = re.compile(r";[^/]*")
 
 
 def _trim_url(url: str) -> str:
@@ -1043,9 +1053,9 @@ class Message:
                     "'/verify' (no query or fragment)"
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
-            under = path.rstrip("/") + "/"
+            under = _plain_path(path).rstrip("/") + "/"
             candidates = [u for u in candidates if (_path(u) + "/").startswith(under)]
-            where += f" under {mask_copied(path)!r}"
+            where += f" under {mask_copied(path)!r} (from the path's start: '/en/verify' is not)"
             hint = "pass a longer path="
         return candidates, where, hint
 
