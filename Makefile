@@ -53,8 +53,10 @@ unit: $(STAMP) $(NODE_DEPS)
 	$(BIN)/coverage erase
 	$(BIN)/python -m pytest -W error -n 2 --cov --cov-report=term-missing:skip-covered
 
+# Made anew when a pin changes: a pin removed must not leave its old version behind.
 $(MIN_STAMP): pyproject.toml .ci/min-versions.txt
-	test -x $(MIN_VENV)/bin/python || $(PYTHON) -m venv $(MIN_VENV)
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(MIN_VENV)/bin/python -m pip install --quiet -c .ci/min-versions.txt -e . \
 		pytest-xdist pytest-html aiosmtplib hypothesis
