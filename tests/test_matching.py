@@ -676,6 +676,31 @@ def test_a_regex_whose_parts_split_too_many_ways_together_is_refused_with_the_co
     assert "together they can read one in more than 65,536 ways" in str(caught.value)
 
 
+def test_a_search_that_backtracks_on_the_mail_is_stopped_and_refused(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """Polynomial backtracking passes the static check: this pattern takes minutes on
+    29 KB of table cells with ``re``. The search is stopped, and the selector refused."""
+    cells = "<td>x</td>" * 2900
+    send(mailbox_server, mail(isolated_mailbox.address, "Cells", text=cells, html=cells))
+    slow = r"<td.*>.*Code.*:.*(\d{6})"
+
+    with pytest.raises(ContractError) as waited:
+        isolated_mailbox.wait_for(body_regex=slow, timeout=60)
+    message = isolated_mailbox.wait_for(subject="Cells", timeout=5)
+    with pytest.raises(ExtractionError) as extracted:
+        message.code(pattern=slow)
+
+    assert str(waited.value).startswith(
+        "selector: body_regex='<td.*>.*Code.*:.*(\\\\d{6})' took more than 1s on a text of "
+    )
+    assert "[^>]* instead of .*" in str(waited.value)
+    assert waited.value.result["field"] == "body_regex"
+    assert str(extracted.value).startswith(
+        'code(pattern=r"<td.*>.*Code.*:.*(\\d{6})") took more than 1s on a text of 29,'
+    )
+
+
 def test_sender_selector_also_matches_the_envelope_sender(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+import regex as _regex
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -304,6 +305,44 @@ def _instant(value: Checkpoint | datetime | float) -> str:
 
 
 _REPEATS = (_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT)
+
+
+#: Seconds one search of a pattern on one text may take. The static check below cannot
+#: see polynomial backtracking (``<td.*>.*Code.*:.*(\d{6})`` takes two minutes on 29 KB
+#: of table cells), and Python's ``re`` cannot be stopped, so patterns run on ``regex``.
+SEARCH_LIMIT = 1.0
+
+
+class SlowSearch(Exception):
+    """A pattern's search on one text ran past ``SEARCH_LIMIT`` and was stopped."""
+
+
+def regex_finditer(pattern: str, text: str) -> list[Any]:
+    """The matches of ``pattern`` (valid, checked by ``_regex_problem``) in ``text``:
+    ``re``'s semantics, stopped after ``SEARCH_LIMIT`` seconds (``SlowSearch``)."""
+    try:
+        return list(_regex.finditer(pattern, text, timeout=SEARCH_LIMIT))
+    except TimeoutError:
+        raise SlowSearch(pattern) from None
+
+
+def regex_search(pattern: str, text: str) -> bool:
+    """``re.search(pattern, text)`` found something; stopped after ``SEARCH_LIMIT`` s."""
+    try:
+        return _regex.search(pattern, text, timeout=SEARCH_LIMIT) is not None
+    except TimeoutError:
+        raise SlowSearch(pattern) from None
+
+
+def slow_search_text(what: str, pattern: str, size: int) -> str:
+    """Why a search was stopped, and what to do instead."""
+    return (
+        f"{what}={pattern} took more than {SEARCH_LIMIT:g}s on a text of {size:,} "
+        "characters and was stopped: the pattern backtracks on it, typically through "
+        "several .* or \\w+ in a row that can each take the same characters. Make each "
+        "part stop where the next begins ([^>]* instead of .*), anchor it, or use "
+        "subject_contains / body_contains"
+    )
 
 
 @functools.lru_cache(maxsize=256)

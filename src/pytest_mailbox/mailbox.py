@@ -27,8 +27,11 @@ from pytest_mailbox.contract import (
     ReceiptEvent,
     SecretDigest,
     Selector,
+    SlowSearch,
     Status,
     describe_validation_error,
+    regex_search,
+    slow_search_text,
     utc,
 )
 from pytest_mailbox.endpoint import Signal, normalize_domain
@@ -649,7 +652,9 @@ class Mailbox:
             return f"subject is not {_quoted(selector.subject)}"
         if selector.subject_contains is not None and selector.subject_contains not in subject:
             return f"subject does not contain {_quoted(selector.subject_contains)}"
-        if selector.subject_regex is not None and not re.search(selector.subject_regex, subject):
+        if selector.subject_regex is not None and not self._found(
+            "subject_regex", selector.subject_regex, subject
+        ):
             return f"subject does not match /{mask_copied(selector.subject_regex)}/"
         if selector.sender is not None:
             wanted = selector.sender.lower()
@@ -672,10 +677,22 @@ class Mailbox:
             ):
                 return f"body does not contain {_quoted(selector.body_contains)}"
             if selector.body_regex is not None and not (
-                re.search(selector.body_regex, body) or re.search(selector.body_regex, html)
+                self._found("body_regex", selector.body_regex, body)
+                or self._found("body_regex", selector.body_regex, html)
             ):
                 return f"body does not match /{mask_copied(selector.body_regex)}/"
         return None
+
+    def _found(self, field: str, pattern: str, text: str) -> bool:
+        """``pattern`` is found in ``text``; a search that backtracks past ``SEARCH_LIMIT``
+        is stopped and refused (``ContractError``), since its wait could never end in time."""
+        __tracebackhide__ = True
+        try:
+            return regex_search(pattern, text)
+        except SlowSearch:
+            shown = f"selector: {field}", repr(mask_copied(pattern))
+            msg = slow_search_text(*shown, len(text))
+            raise ContractError(self._unleaked(msg), result={"field": field}) from None
 
     def _timeout_text(
         self, selector: Selector, limit: float, misses: list[tuple[MessageRow, str]]

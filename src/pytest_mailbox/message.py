@@ -23,7 +23,7 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
-from pytest_mailbox.contract import _regex_problem
+from pytest_mailbox.contract import SlowSearch, _regex_problem, regex_finditer, slow_search_text
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
 
@@ -1104,11 +1104,16 @@ class Message:
         if problem is not None:
             msg = f"code(pattern={_show(source)}) is refused: {problem}"
             raise ExtractionError(msg, result={"message_id": self.message_id})
-        regex = re.compile(source)
+        groups = re.compile(source).groups
         values: dict[str, None] = {}
         for haystack in (self.body_text, self.subject):
-            for match in regex.finditer(haystack):
-                value = match.group(1) if regex.groups else match.group()
+            try:
+                found = regex_finditer(source, haystack)
+            except SlowSearch:
+                msg = slow_search_text("code(pattern", f"{_show(source)})", len(haystack))
+                raise ExtractionError(msg, result={"message_id": self.message_id}) from None
+            for match in found:
+                value = match.group(1) if groups else match.group()
                 if value:
                     values.setdefault(value, None)
         result: dict[str, Any] = {
