@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-import regex as _regex
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -320,16 +319,20 @@ class SlowSearch(Exception):
 def regex_finditer(pattern: str, text: str) -> list[Any]:
     """The matches of ``pattern`` (valid, checked by ``_regex_problem``) in ``text``:
     ``re``'s semantics, stopped after ``SEARCH_LIMIT`` seconds (``SlowSearch``)."""
+    import regex  # noqa: PLC0415 - 27 ms, paid by the first search, not by every start-up
+
     try:
-        return list(_regex.finditer(pattern, text, timeout=SEARCH_LIMIT))
+        return list(regex.finditer(pattern, text, timeout=SEARCH_LIMIT))
     except TimeoutError:
         raise SlowSearch(pattern) from None
 
 
 def regex_search(pattern: str, text: str) -> bool:
     """``re.search(pattern, text)`` found something; stopped after ``SEARCH_LIMIT`` s."""
+    import regex  # noqa: PLC0415
+
     try:
-        return _regex.search(pattern, text, timeout=SEARCH_LIMIT) is not None
+        return regex.search(pattern, text, timeout=SEARCH_LIMIT) is not None
     except TimeoutError:
         raise SlowSearch(pattern) from None
 
