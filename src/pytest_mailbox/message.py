@@ -459,21 +459,21 @@ class Masker:
         characters in diff": each begins (ends) where pytest cut both strings, perhaps
         inside a value, whose piece there is masked from four characters on."""
         lines = text.split("\n")
-        edge = None
+        edges: set[str] = set()  # both, for strings of one length: cut on either side
         for i, line in enumerate(lines):
             skipped = _SKIPPED.search(line)
             if skipped is not None:
-                edge = skipped.group(1)
+                edges.add(skipped.group(1))
                 continue
-            if edge is None or not line.strip():
+            if not edges or not line.strip():
                 continue
             head, body, tail = _DIFF_BODY.match(line).groups()  # type: ignore[union-attr]
-            if edge == "leading":
-                size = self._end_of_value(body, _MIN_CUT)
-                body = "\u2022" * size + body[size:]
+            start = self._end_of_value(body, _MIN_CUT) if "leading" in edges else 0
+            end = self._start_of_value(body, _MIN_CUT) if "trailing" in edges else 0
+            if start + end >= len(body):
+                body = "\u2022" * len(body)
             else:
-                size = self._start_of_value(body, _MIN_CUT)
-                body = body[: len(body) - size] + "\u2022" * size
+                body = "\u2022" * start + body[start : len(body) - end] + "\u2022" * end
             lines[i] = head + body + tail
         return "\n".join(lines)
 
