@@ -324,7 +324,9 @@ def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
             mail = EmailMessage()
             mail["From"], mail["To"] = "noreply@{APP}", isolated_mailbox.address
             mail["Subject"] = "Verify"
-            mail.set_content("Open https://{APP}/verify?token={token} or enter 415926.")
+            mail.set_content(
+                "Open https://{APP}/verify?token={token} or enter 415926, then kq7pxzmw2rt9."
+            )
             with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
                 smtp.send_message(mail)
             tools = isolated_mailbox.agent_tools()
@@ -338,10 +340,14 @@ def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
             tools.call(link, {{}}, tool_call_id=code)
             selector = {{"message_id": message_id}}
             tools.call("claim_message", {{"fixture_id": own, "selector": selector}}, link)
+            # a lower-case code fits a purpose's shape
+            word = tools.reveal(message_id, kind="code", pattern=r"then (\\w+)")
+            tools.call("reserve_mailbox", {{"purpose": word, "ttl": 60}})
             # masked in the receipt itself, not only where the report's masker reaches
             kept = dump_receipt(isolated_mailbox.receipt())
             assert "{token}" not in kept
             assert "415926" not in kept
+            assert "kq7pxzmw2rt9" not in kept
         """
     )
     result = pytester.runpytest("--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl")
@@ -352,10 +358,12 @@ def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
     for text in (junit, receipts):
         assert token not in text
         assert "415926" not in text
+        assert "kq7pxzmw2rt9" not in text
         assert redacted in text
     (receipt,) = [Receipt.model_validate_json(line) for line in receipts.splitlines()]
     assert receipt.evidence is not None
-    echoed, claimed_again = receipt.evidence[-2:]
+    echoed, claimed_again, reserved = receipt.evidence[-3:]
+    assert reserved.arguments["purpose"] == "••••••••••t9"
     assert (echoed.tool, echoed.tool_call_id, echoed.status) == (redacted, "••••26", "rejected")
     assert echoed.reason == f"there is no tool {redacted!r}; the tools are {TOOLS}"
     assert (claimed_again.tool, claimed_again.tool_call_id) == ("claim_message", redacted)

@@ -1022,14 +1022,20 @@ def _remasked(entry: AgentEvidence) -> AgentEvidence:
     }
     if entry.reason is not None:
         update["reason"] = _unextracted(entry.reason)
-    selector = entry.arguments.get("selector")
-    if isinstance(selector, dict) and isinstance(selector.get("subject_contains"), str):
-        subject = _unextracted(selector["subject_contains"])
-        update["arguments"] = {
-            **entry.arguments,
-            "selector": {**selector, "subject_contains": subject},
-        }
+    # Every text the agent chose: a purpose may be a lower-case code it echoes.
+    update["arguments"] = _texts_unextracted(entry.arguments)
     return entry.model_copy(update=update)
+
+
+def _texts_unextracted(value: Any) -> Any:
+    """``value`` (JSON) with what the test extracted masked in each of its strings."""
+    if isinstance(value, str):
+        return _unextracted(value)
+    if isinstance(value, dict):
+        return {key: _texts_unextracted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_texts_unextracted(item) for item in value]
+    return value
 
 
 def _id(args: _Arguments) -> dict[str, Any]:
