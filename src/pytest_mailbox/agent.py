@@ -71,8 +71,6 @@ _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
 _SHOWN = 64  # agent-chosen names and ids are kept to this many characters in evidence
 _MASKED_WHOLE = 4096  # agent-chosen text is masked whole up to this length, then shortened
 _MIN_TEST_EXTRACTED = 4  # shorter values the test extracted are not masked inside ids
-#: How long one look of ``wait_for_message`` blocks before it sees whether the toolset closed.
-_WAIT_SLICE = 0.25
 _CLOSED = (Status.RELEASED, Status.EXPIRED)
 #: The status of an evidence entry whose call had not returned: still running, or its process
 #: ended first (an MCP server killed mid-call). Its budget was counted all the same.
@@ -864,14 +862,11 @@ class AgentTools:
 
     def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
         """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""
-        deadline = time.monotonic() + args.timeout
-        while True:  # in slices, to see close() in time
-            left = 0.0 if self._closing.is_set() else max(0.0, deadline - time.monotonic())
-            offered = self.mailbox.look_for(
-                lambda message: self._carries(message, args.kind), timeout=min(left, _WAIT_SLICE)
-            )
-            if offered or left <= _WAIT_SLICE:
-                break
+        offered = self.mailbox.look_for(
+            lambda message: self._carries(message, args.kind),
+            timeout=args.timeout,
+            stop=self._closing,  # close(): ends at the next poll, scanning only on news
+        )
         if not offered and self._closing.is_set():
             cut = "the wait was cut short: the toolset closed (its server is shutting down)"
             return self._reply(Status.WAITING, _STOP, cut)

@@ -6,6 +6,7 @@ import asyncio
 import math
 import re
 import secrets
+import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
@@ -144,6 +145,16 @@ class _Pause:
 
     def remaining(self) -> float:
         return self.until - time.monotonic()
+
+
+@dataclass(frozen=True)
+class _StoppablePause(_Pause):
+    """A pause that ends early once ``stop`` is set (``look_for(stop=)``)."""
+
+    stop: threading.Event
+
+    def remaining(self) -> float:
+        return 0.0 if self.stop.is_set() else super().remaining()
 
 
 class ClaimedMessage(Message):
@@ -352,11 +363,16 @@ class Mailbox:
         await self._run_async(self._none_steps(self._selector(selector), within))
 
     def look_for(
-        self, keep: Callable[[Message], bool], *, timeout: float
+        self,
+        keep: Callable[[Message], bool],
+        *,
+        timeout: float,
+        stop: threading.Event | None = None,
     ) -> list[tuple[MessageRow, Message]]:
         """Wait up to ``timeout`` seconds for unclaimed messages after the checkpoint that
         ``keep`` accepts, claiming none: those of the first look that finds any, or none.
-        Marks the mailbox waiting, as ``wait_for`` does (the agent's ``wait_for_message``)."""
+        Marks the mailbox waiting, as ``wait_for`` does (the agent's ``wait_for_message``).
+        Setting ``stop`` ends the wait at the next poll, with one more look."""
         selector = Selector()
         self._mark_waiting(selector)
         deadline = time.monotonic() + timeout
@@ -364,6 +380,8 @@ class Mailbox:
         def steps() -> Generator[_Pause, None, list[tuple[MessageRow, Message]]]:
             while True:
                 pause = self._pause_point(deadline)
+                if stop is not None:
+                    pause = _StoppablePause(pause.generation, pause.version, pause.until, stop)
                 matches, _ = self._scan(selector)
                 parsed = [(row, self._parsed_message(row)) for row in matches]
                 kept = [(row, message) for row, message in parsed if keep(message)]
