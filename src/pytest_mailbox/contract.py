@@ -7,6 +7,7 @@ import functools
 import math
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -352,11 +353,18 @@ def slow_search_text(what: str, pattern: str, size: int) -> str:
 def _regex_problem(value: str) -> str | None:
     """Why a selector pattern is refused, or None; once per pattern (a test may wait with
     the same one many times)."""
+    import regex  # noqa: PLC0415 - the searches run on it
+
     try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            parsed = _sre_parse.parse(value)
         re.compile(value)
-    except Exception as exc:  # re.error, OverflowError, RecursionError
+        regex.compile(value)
+    except FutureWarning as exc:  # "Possible nested set": re and regex read it apart
+        return f"ambiguous ({exc}); escape the bracket, as in \\[, or write the set out"
+    except Exception as exc:  # re.error, regex.error, OverflowError, RecursionError
         return f"not a valid regular expression ({exc})"
-    parsed = _sre_parse.parse(value)
     try:
         return _backtracking(parsed)
     except RecursionError:

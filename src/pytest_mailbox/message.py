@@ -23,7 +23,13 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
-from pytest_mailbox.contract import SlowSearch, _regex_problem, regex_finditer, slow_search_text
+from pytest_mailbox.contract import (
+    SEARCH_LIMIT,
+    SlowSearch,
+    _regex_problem,
+    regex_finditer,
+    slow_search_text,
+)
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
 
@@ -1111,6 +1117,12 @@ class Message:
                 found = regex_finditer(source, haystack)
             except SlowSearch:
                 msg = slow_search_text("code(pattern", f"{_show(source)})", len(haystack))
+                if pattern is None:  # not backtracking: a text of numbers, too many to read
+                    msg = (
+                        f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a "
+                        f"text of {len(haystack):,} characters; pass pattern= with what "
+                        'stands around the code, e.g. pattern=r"code: (\\d{6})"'
+                    )
                 raise ExtractionError(msg, result={"message_id": self.message_id}) from None
             for match in found:
                 value = match.group(1) if groups else match.group()
