@@ -1629,3 +1629,28 @@ def test_only_whole_number_floats_in_range_pass_for_integers(
     assert trailed[5:] == [
         (tool, ["proposed", "rejected"], "rejected") for tool, *_ in cases for _ in range(2)
     ]
+
+
+def test_evidence_masks_an_id_only_when_the_agent_echoed_a_value_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short code that happens to sit in an id's hex leaves the id as it is: the id ties
+    the entry to the receipt's message."""
+    from pytest_mailbox import agent, message  # noqa: PLC0415
+
+    monkeypatch.setattr(message, "TEST_EXTRACTED", {"4965", "kq7pxzmw2rt9"})
+    monkeypatch.setattr(agent, "TEST_EXTRACTED", message.TEST_EXTRACTED)
+    arguments = {
+        "fixture_id": "mbx-03df4965acdb",
+        "message_id": "m-4965e5558d22",
+        "selector": {"subject_contains": "code 4965", "message_id": "m-kq7pxzmw2rt9"},
+        "purpose": "kq7pxzmw2rt9",
+        "timeout": 4965,
+    }
+    assert agent._texts_unextracted(arguments) == {
+        "fixture_id": "mbx-03df4965acdb",
+        "message_id": "m-4965e5558d22",
+        "selector": {"subject_contains": "code ••65", "message_id": "m-••••••••••t9"},
+        "purpose": "••••••••••t9",
+        "timeout": 4965,
+    }

@@ -499,6 +499,16 @@ def _unextracted(text: str) -> str:
     return mask_extracted(text, also=extracted)
 
 
+_ID_FIELDS = frozenset({"fixture_id", "message_id"})
+
+
+def _id_unextracted(text: str) -> str:
+    """An id the agent sent, masked only if it is a value the test extracted, whole or
+    after its ``m-`` / ``mbx-`` prefix."""
+    bare = text.split("-", 1)[-1]
+    return _unextracted(text) if {text, bare} & TEST_EXTRACTED else text
+
+
 def _call_id(text: object) -> str:
     """A tool_call_id as evidence keeps it: links redacted and what the test extracted
     masked, then printable and at most 64 characters.
@@ -1023,11 +1033,18 @@ def _remasked(entry: AgentEvidence) -> AgentEvidence:
 
 
 def _texts_unextracted(value: Any) -> Any:
-    """``value`` (JSON) with what the test extracted masked in each of its strings."""
+    """``value`` (JSON) with what the test extracted masked in each of its strings; an id
+    only if it is such a value whole, not where a short code happens to sit in its hex
+    (``m-4965e5558d22``: the id ties the entry to the receipt's message)."""
     if isinstance(value, str):
         return _unextracted(value)
     if isinstance(value, dict):
-        return {key: _texts_unextracted(item) for key, item in value.items()}
+        return {
+            key: _id_unextracted(item)
+            if key in _ID_FIELDS and isinstance(item, str)
+            else _texts_unextracted(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [_texts_unextracted(item) for item in value]
     return value

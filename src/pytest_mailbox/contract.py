@@ -7,7 +7,6 @@ import functools
 import math
 import re
 import sys
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -355,20 +354,50 @@ def _regex_problem(value: str) -> str | None:
     the same one many times)."""
     import regex  # noqa: PLC0415 - the searches run on it
 
+    posix = _posix_class_in_set(value)  # first: re warns of it, an error under -W error
+    if posix is not None:
+        return (
+            f"{posix} inside a set is read apart: as a POSIX class by the regex package the "
+            "searches run on, as the characters [, :, … by Python's re; write the class out "
+            "(\\d, [a-zA-Z]) or escape the bracket (\\[)"
+        )
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", FutureWarning)
-            parsed = _sre_parse.parse(value)
         re.compile(value)
         regex.compile(value)
-    except FutureWarning as exc:  # "Possible nested set": re and regex read it apart
-        return f"ambiguous ({exc}); escape the bracket, as in \\[, or write the set out"
     except Exception as exc:  # re.error, regex.error, OverflowError, RecursionError
         return f"not a valid regular expression ({exc})"
+    parsed = _sre_parse.parse(value)
     try:
         return _backtracking(parsed)
     except RecursionError:
         return "the pattern nests groups too deep to be checked; flatten it"
+
+
+_POSIX = re.compile(r"\[([:=.])\^?\w+\1\]")
+
+
+def _posix_class_in_set(value: str) -> str | None:
+    """The first ``[:name:]`` (``[=x=]``, ``[.x.]``) inside a character set of ``value``."""
+    i, in_set = 0, False
+    while i < len(value):
+        char = value[i]
+        if char == "\\":
+            i += 2
+            continue
+        if not in_set and char == "[":
+            in_set = True
+            i += 1
+            if value[i : i + 1] == "^":
+                i += 1
+            if value[i : i + 1] == "]":  # a leading ] is a character of the set
+                i += 1
+            continue
+        if in_set and char == "[" and (found := _POSIX.match(value, i)):
+            return found.group()
+        if in_set and char == "]":
+            in_set = False
+        i += 1
+    return None
 
 
 def _backtracking(parsed: Any) -> str | None:
