@@ -451,6 +451,23 @@ class Masker:
             parts[i] = _CUT if cut else parts[i]
         return "".join(parts)
 
+    def _mask_inner(self, body: str) -> str:
+        """``body`` with every piece of a value of eight characters or more masked, where it
+        shows at least half of it or eight characters (a line pytest cut on both sides)."""
+        hidden = [False] * len(body)
+        for value in self.cut:
+            if len(value) < 2 * _MIN_CUT:
+                continue
+            size = _overlap(value)
+            for at in range(len(value) - size + 1):
+                found = body.find(value[at : at + size])
+                while found != -1:
+                    hidden[found : found + size] = [True] * size
+                    found = body.find(value[at : at + size], found + 1)
+        if not any(hidden):
+            return body
+        return "".join("\u2022" if h else c for c, h in zip(body, hidden, strict=True))
+
     def _start_of_value(self, before: str, least: int | None = None) -> int:
         """How long a start of a value ends ``before``."""
         having = self._having(before[-4:])
@@ -480,6 +497,8 @@ class Masker:
                 body = "\u2022" * len(body)
             else:
                 body = "\u2022" * start + body[start : len(body) - end] + "\u2022" * end
+            if len(edges) == 2:  # cut on both sides: a value's middle may show alone
+                body = self._mask_inner(body)
             lines[i] = head + body + tail
         return "\n".join(lines)
 
