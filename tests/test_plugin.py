@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -1342,8 +1343,10 @@ def test_output_pytest_shows_is_masked_however_it_quotes_a_value(
     ):
         result.stdout.fnmatch_lines([line])
     text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
-    for secret in ("7342", "aB3dE5fG7h2k", "482913", "Zq8xYtK2m", "mNp4Q"):
+    for secret in ("aB3dE5fG7h2k", "482913", "Zq8xYtK2m", "mNp4Q"):
         assert secret not in text
+    # the short PIN is masked where it stands alone; an object's address may hold its digits
+    assert re.search(r"(?<![\w.])7342(?![\w])", text) is None
     assert "open https://shop.example.test/verify?token=••••" in text  # cut in the token
 
 
