@@ -1257,7 +1257,8 @@ def own_mailbox(mailbox_store):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*AssertionError: assert '••21' == '0000'"])
     for text in (result.stdout.str(), (pytester.path / "junit.xml").read_text()):
-        assert "4821" not in text
+        # masked where no digit touches it: an object's address may hold it among digits
+        assert re.search(r"(?<!\d)4821(?!\d)", text) is None
 
 
 SHOWN_SUITE = '''
