@@ -455,3 +455,34 @@ def test_a_writer_looks_at_the_log_size_once_every_few_commits(
     truncated = [n for n, size in enumerate(sizes) if size == 0]
     assert len(truncated) == 2
     assert truncated[1] - truncated[0] == WAL_CHECK_EVERY
+
+
+def test_no_connection_syncs_and_the_checkpointer_never_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection the store opens has ``synchronous=OFF`` (``NORMAL`` synced the file
+    twice at every checkpoint: a commit is visible to every process, and safe from a crash
+    of this one, once the operating system has it). The background checkpointer's never
+    waits for a lock: a RESTART waiting for a reader held the write lock meanwhile, and
+    every writer with it."""
+    seen: list[tuple[str, int, int]] = []
+    real = store_module._connect
+
+    def spy(path: Path, *, timeout: float) -> sqlite3.Connection:
+        conn = real(path, timeout=timeout)
+        (sync,) = conn.execute("PRAGMA synchronous").fetchone()
+        (busy,) = conn.execute("PRAGMA busy_timeout").fetchone()
+        seen.append((threading.current_thread().name, sync, busy))
+        return conn
+
+    monkeypatch.setattr(store_module, "_connect", spy)
+    store = Store(tmp_path / "store.sqlite3", busy_timeout=60.0)
+    store.reserve(run_id="r-1", purpose="mail", ttl=60, domain="mailbox.test")
+    store.checkpoint()  # a read: the reader's connection
+    store._checkpointer_for().request()
+    store.close()  # joins the checkpointer
+
+    assert {sync for _, sync, _ in seen} == {0}
+    # The test's writer and reader, then the checkpointer's.
+    waits = sorted((name, timeout) for name, _, timeout in seen)
+    assert waits == [("MainThread", 0), ("MainThread", 60_000), ("pytest-mailbox-checkpoint", 0)]
