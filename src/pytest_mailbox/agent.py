@@ -43,7 +43,7 @@ from pydantic import (
 )
 from pydantic import model_validator as _model_validator
 
-from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status, utc
+from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
@@ -58,6 +58,7 @@ from pytest_mailbox.message import (
     redact_url,
 )
 from pytest_mailbox.store import Outcome, Store
+from pytest_mailbox.vocabulary import utc
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import (
@@ -22,6 +20,14 @@ from pydantic import (
 )
 
 from pytest_mailbox.endpoint import host_name
+from pytest_mailbox.vocabulary import (
+    DEFAULT_LEASE,
+    DEFAULT_TTL,
+    Checkpoint,
+    CloseReason,
+    Status,
+    utc,
+)
 
 if sys.version_info >= (3, 11):
     from re import _constants as _sre_constants
@@ -47,56 +53,7 @@ __all__ = [
 ]
 
 
-class Status(str, enum.Enum):
-    """One vocabulary for results, exceptions, receipts and agent answers (DESIGN §4)."""
-
-    RESERVED = "reserved"
-    WAITING = "waiting"
-    CLAIMED = "claimed"
-    CONSUMED = "consumed"
-    RELEASED = "released"
-    EXPIRED = "expired"
-    ALREADY_CLAIMED = "already_claimed"
-    ALREADY_CONSUMED = "already_consumed"
-    AMBIGUOUS = "ambiguous"
-    FENCE_MISMATCH = "fence_mismatch"
-    LEASE_EXPIRED = "lease_expired"
-    BUDGET_EXCEEDED = "budget_exceeded"
-    POLICY_DENIED = "policy_denied"
-    PROVIDER_ERROR = "provider_error"
-
-
-class CloseReason(str, enum.Enum):
-    """Why a mailbox reservation ended."""
-
-    RELEASED_SUCCESS = "released_success"
-    RELEASED_ERROR = "released_error"
-    EXPIRED_TIMEOUT = "expired_timeout"
-
-
 _PURPOSE = r"^[a-z][a-z0-9-]{0,29}$"
-
-#: What each contract field accepts, for error messages and the docs.
-CONTRACT_FIELDS: dict[str, str] = {
-    "purpose": "lower-case letters, digits and '-', starting with a letter, 1-30 characters",
-    "ttl": "whole seconds, 1..mailbox_ttl_max",
-    "lease": "seconds > 0, at most ttl",
-    "timeout": "seconds > 0",
-    "max_reads": "an integer 1..1000",
-    "max_resends": "an integer 0..1000",
-    "mode": "'live' or 'dry-run'",
-    "link_domains": "a list of host names, e.g. ['app.example.test']",
-    "run_header": "a header name such as 'X-Run-Id'",
-}
-
-
-#: The longest mailbox ttl, in seconds, unless ``mailbox_ttl_max`` says otherwise.
-DEFAULT_TTL_MAX = 3600
-#: A mailbox's ttl unless one is given (the settings hold it to ``mailbox_ttl_max``).
-DEFAULT_TTL = 300
-#: A claim's lease unless one is given; never more than the contract's ttl.
-DEFAULT_LEASE = 60.0
-
 
 #: How a run lifts its ttl limit; ``Mailbox.reserve`` outside pytest takes an argument.
 _RAISE_TTL_MAX = "raise mailbox_ttl_max (the ini key, --mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX)"
@@ -203,14 +160,6 @@ def describe_validation_error(
             + (f" (allowed: {hint})" if hint else "")
         )
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A position in the store: messages committed after it have ``seq > self.seq``."""
-
-    seq: int
-    at: float
 
 
 SELECTOR_FIELDS: dict[str, str] = {
@@ -892,11 +841,6 @@ def _children(op: Any, av: Any) -> list[Any]:
     if op is _POSSESSIVE:
         return [av[2]]
     return []
-
-
-def utc(ts: float) -> datetime:
-    """A POSIX timestamp as an aware UTC datetime."""
-    return datetime.fromtimestamp(ts, tz=timezone.utc)
 
 
 class SecretDigest(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_mailbox.contract import Status
+from pytest_mailbox.vocabulary import Status
 
 __all__ = [
     "AlreadyClaimed",

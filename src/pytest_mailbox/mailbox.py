@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from pytest_mailbox.contract import (
-    DEFAULT_TTL_MAX,
     SELECTOR_FIELDS,
     Checkpoint,
     CloseReason,
@@ -33,7 +32,6 @@ from pytest_mailbox.contract import (
     describe_validation_error,
     regex_search,
     slow_search_text,
-    utc,
 )
 from pytest_mailbox.endpoint import Signal, normalize_domain
 from pytest_mailbox.errors import (
@@ -58,6 +56,7 @@ from pytest_mailbox.message import (
     remember_extracted,
 )
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
+from pytest_mailbox.vocabulary import DEFAULT_TTL_MAX, utc
 
 if TYPE_CHECKING:
     from pytest_mailbox.agent import AgentTools

@@ -8,8 +8,6 @@ messages never contain the secret itself (links are redacted, codes are masked).
 from __future__ import annotations
 
 import email.charset
-import hashlib
-import hmac
 import itertools
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -32,6 +30,7 @@ from pytest_mailbox.contract import (
 )
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError
+from pytest_mailbox.vocabulary import digest
 
 __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "redact_url"]
 
@@ -108,14 +107,6 @@ _HTML_BLOCK = frozenset(
         "pre", "section", "table", "td", "th", "tr", "ul",
     }
 )  # fmt: skip
-
-
-def digest(value: str, key: bytes) -> tuple[str, str]:
-    """(HMAC-SHA256 hex of the UTF-8 value under ``key``, last two characters): how secrets
-    appear in receipts. The key is the store's own, random and never in a receipt: without
-    it, no one can find a six-digit code by hashing the million candidates."""
-    mac = hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256)
-    return mac.hexdigest(), value[-2:]
 
 
 @dataclass(frozen=True)

@@ -15,23 +15,18 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
 from _pytest._code.code import TerminalRepr
-from pydantic import ValidationError
 
-from pytest_mailbox.contract import (
-    CONTRACT_FIELDS,
-    EmailContract,
-    Receipt,
-    describe_validation_error,
-)
-from pytest_mailbox.contract import dump_receipt as _dump_receipt
 from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, is_loopback
 from pytest_mailbox.errors import ExposedSinkWarning
 from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt
 from pytest_mailbox.settings import OPTIONS, Settings
+from pytest_mailbox.vocabulary import CONTRACT_FIELDS
 
 if TYPE_CHECKING:
     # Imported where they are used: the xdist controller runs no test and no sink, so it
-    # never imports asyncio, aiosmtpd, the store or the mailbox (start-up before workers).
+    # never imports asyncio, aiosmtpd, the store or the mailbox (start-up before workers),
+    # and a run none of whose tests resolves a contract never imports pydantic.
+    from pytest_mailbox.contract import EmailContract, Receipt
     from pytest_mailbox.mailbox import Mailbox
     from pytest_mailbox.sink import MailSink
     from pytest_mailbox.store import Store
@@ -51,7 +46,7 @@ _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
-_contract_key = pytest.StashKey[EmailContract]()  # the test's, checked at its setup
+_contract_key = pytest.StashKey["EmailContract"]()  # a marked test's, checked at its setup
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -341,8 +336,8 @@ class _Fixtures:
         """This test's contract: the mailbox_* ini defaults, overlaid by its email_contract
         marker."""
         item = self.test()
-        contract = item.stash.get(_contract_key, None)  # checked at setup (_MarkerCheck)
-        if contract is None:  # pragma: no cover - only with -p no:mailbox-marker
+        contract = item.stash.get(_contract_key, None)  # a marker's, checked at setup
+        if contract is None:  # no marker (or -p no:mailbox-marker): checked here
             marker = item.get_closest_marker("email_contract")
             contract = _contract_for(marker, self.config.stash[_settings_key])
         return contract
@@ -352,7 +347,8 @@ class _Fixtures:
     ) -> Iterator[Mailbox]:
         """A fresh alias on the session's sink, reserved for this test's run under its
         contract."""
-        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
+        from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
+        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415
 
         config, item = self.config, self.test()
         mailbox = Mailbox.reserve(
@@ -369,7 +365,7 @@ class _Fixtures:
         receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
             update={"testrun_uid": config.stash[_testrun_key]}
         )
-        attached = (RECEIPT_PROPERTY, _dump_receipt(receipt))
+        attached = (RECEIPT_PROPERTY, dump_receipt(receipt))
         item.user_properties.append(attached)
         item.stash.setdefault(_attached_key, []).append(attached)
         # pytest keeps every item to the end of the session; the receipt is all that stays.
@@ -403,9 +399,13 @@ def _contract_for(marker: pytest.Mark | None, settings: Settings) -> EmailContra
             "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
             pytrace=False,
         )
+    from pydantic import ValidationError  # noqa: PLC0415 - see TYPE_CHECKING above
+
+    from pytest_mailbox.contract import EmailContract, describe_validation_error  # noqa: PLC0415
+
     # What the settings were given, not their defaults: ttl=30 here takes the default lease
     # capped at 30, while an ini lease of 60 stays, and is refused naming both sources.
-    values = {**settings.contract.model_dump(exclude_unset=True), **dict(marker.kwargs)}
+    values = {**settings.contract_given, **dict(marker.kwargs)}
     try:
         contract = EmailContract(**values)
         sources = {**settings.sources, **dict.fromkeys(marker.kwargs, "marker")}
@@ -435,11 +435,12 @@ class _MarkerCheck:
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         marker = item.get_closest_marker("email_contract")
+        if marker is None:  # the settings' contract, built once a fixture asks for it
+            return
         known = self._contracts.get(id(marker))
-        if marker is None or known is None or known[0] is not marker:
+        if known is None or known[0] is not marker:
             contract = _contract_for(marker, self.settings)  # fails the test if invalid
-            if marker is not None:
-                self._contracts[id(marker)] = (marker, contract)
+            self._contracts[id(marker)] = (marker, contract)
         else:
             contract = known[1]
         item.stash[_contract_key] = contract
@@ -624,7 +625,8 @@ class _CrashReceipts:
         worker = str(getattr(getattr(node, "gateway", None), "id", ""))
         workerinput: dict[str, str] = getattr(node, "workerinput", {})
         testrun_uid = workerinput.get("testrunuid") or config.stash[_testrun_key]
-        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
+        from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
+        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415
         from pytest_mailbox.store import Store  # noqa: PLC0415
 
         store = Store(path)
@@ -651,7 +653,7 @@ class _CrashReceipts:
             store.close()
         junit = config.stash.get(junitxml.xml_key, None)  # properties only at teardown
         for receipt in receipts:
-            value = _dump_receipt(receipt)
+            value = dump_receipt(receipt)
             report.user_properties.append((RECEIPT_PROPERTY, value))
             report.sections.append(("mailbox", receipt.timeline()))
             if junit is not None:

@@ -7,11 +7,12 @@ import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from pydantic import ValidationError
+from pytest_mailbox.vocabulary import CloseReason, Status
 
-from pytest_mailbox.contract import CloseReason, Receipt, Status
+if TYPE_CHECKING:  # the plugin imports this module in every process: pydantic on first use
+    from pytest_mailbox.contract import Receipt
 
 __all__ = ["RECEIPT_PROPERTY", "format_table", "main", "read_receipts"]
 
@@ -26,6 +27,10 @@ _MAILBOX_STATES = [
 def parse_receipt(value: str) -> Receipt | None:
     """The receipt a ``mailbox.receipt`` value holds; None if it holds something else (a
     test may record a property of that name itself)."""
+    from pydantic import ValidationError  # noqa: PLC0415 - see TYPE_CHECKING above
+
+    from pytest_mailbox.contract import Receipt  # noqa: PLC0415
+
     try:
         return Receipt.model_validate_json(value)
     except ValidationError:
@@ -38,6 +43,8 @@ def read_receipts(path: str | Path) -> list[Receipt]:
     A JUnit property of that name that holds no receipt (a test recorded its own) is
     skipped; a JSON Lines file holds receipts only, and a line that is not one raises.
     """
+    from pytest_mailbox.contract import Receipt  # noqa: PLC0415 - see TYPE_CHECKING above
+
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("<"):

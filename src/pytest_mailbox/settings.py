@@ -7,30 +7,25 @@ with the setting's name, where it came from and what it allows.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from pytest_mailbox.contract import (
-    CONTRACT_FIELDS,
-    DEFAULT_LEASE,
-    DEFAULT_TTL,
-    DEFAULT_TTL_MAX,
-    EmailContract,
-    describe_validation_error,
-)
 from pytest_mailbox.endpoint import (
     DATA_POLICIES,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_RECIPIENTS,
     host_name,
 )
+from pytest_mailbox.vocabulary import CONTRACT_FIELDS, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_TTL_MAX
+
+if TYPE_CHECKING:
+    from pytest_mailbox.contract import EmailContract
 
 __all__ = ["OPTIONS", "Option", "Settings", "options_table"]
 
@@ -284,9 +279,18 @@ class Settings:
     data_policy: str
     ttl_max: int
     receipts: Path | None
-    contract: EmailContract
+    #: The contract's settings that were given (validated), by field: what a marker overlays.
+    contract_given: Mapping[str, Any] = field(default_factory=dict, hash=False)
     #: Where each setting came from: ``default``, ``ini mailbox_ttl``, ``-o mailbox_ttl``, …
     sources: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @functools.cached_property
+    def contract(self) -> EmailContract:
+        """The contract a test gets without a marker, built on first use: a run none of
+        whose tests needs one (and the xdist controller) never imports pydantic."""
+        from pytest_mailbox.contract import EmailContract  # noqa: PLC0415 - see above
+
+        return EmailContract(**self.contract_given)
 
     @classmethod
     def resolve(
@@ -335,13 +339,8 @@ class Settings:
         if "ttl" not in given and values["ttl_max"] < DEFAULT_TTL:
             given["ttl"] = values["ttl_max"]
             sources["ttl"] = "default, capped at mailbox_ttl_max"
-        try:
-            contract = EmailContract(**given)
-        except ValidationError as exc:
-            raise ValueError(
-                describe_validation_error("settings", exc, CONTRACT_FIELDS, sources=sources)
-            ) from None
-        contract.check_limits(ttl_max=values["ttl_max"], source="settings", sources=sources)
+        if given:  # the defaults alone are valid: nothing to check, no pydantic to import
+            given = _checked_contract(given, values["ttl_max"], sources)
         receipts = Path(values["receipts"]) if values["receipts"] else None
         # From the ini file or -o: taken from the ini file's directory, as pytest's paths are.
         if (
@@ -361,9 +360,28 @@ class Settings:
             data_policy=values["data_policy"],
             ttl_max=values["ttl_max"],
             receipts=receipts,
-            contract=contract,
+            contract_given=given,
             sources=sources,
         )
+
+
+def _checked_contract(
+    given: Mapping[str, Any], ttl_max: int, sources: Mapping[str, str]
+) -> dict[str, Any]:
+    """The contract's given settings as the contract holds them; ``ValueError`` names the
+    setting, where it came from and what it allows."""
+    from pydantic import ValidationError  # noqa: PLC0415 - imported when settings are given
+
+    from pytest_mailbox.contract import EmailContract, describe_validation_error  # noqa: PLC0415
+
+    try:
+        contract = EmailContract(**given)
+    except ValidationError as exc:
+        raise ValueError(
+            describe_validation_error("settings", exc, CONTRACT_FIELDS, sources=sources)
+        ) from None
+    contract.check_limits(ttl_max=ttl_max, source="settings", sources=sources)
+    return contract.model_dump(exclude_unset=True)
 
 
 def _overrides(override_ini: Iterable[str]) -> dict[str, str]:

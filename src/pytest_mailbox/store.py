@@ -20,8 +20,7 @@ from typing import Any, NamedTuple
 
 from filelock import FileLock
 
-from pytest_mailbox.contract import Checkpoint, CloseReason, Status
-from pytest_mailbox.message import digest
+from pytest_mailbox.vocabulary import Checkpoint, CloseReason, Status, digest
 
 __all__ = [
     "Delivery",
@@ -186,6 +185,9 @@ RESTART_PAGES = 1000
 #: checked every time, and so is every mailbox a read returns: only the stored state of
 #: someone else's overdue mailbox may lag, by up to this long.
 SWEEP_EVERY = 1.0
+
+#: How long a new connection's set-up may wait for a lock (it reads the schema), in seconds.
+SETUP_TIMEOUT = 5.0
 
 #: A writer that finds the lock taken retries after 50 µs, doubling up to 5 ms.
 RETRY_FIRST = 0.00005
@@ -1260,13 +1262,18 @@ def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
     ``synchronous=OFF``: a commit or checkpoint is in the operating system's hands when it
     returns, which is all another process needs to see it, and all a process that crashes
     needs to lose nothing. Only an operating-system crash or a power cut could lose or tear
-    the file, and the store lives for one pytest run. ``NORMAL`` synced the file at every
-    checkpoint, twice: 0.4 ms each, about 0.15 ms of every test (docs/performance.md).
+    the file, and the store lives for one pytest run. ``NORMAL`` synced the file twice at
+    every checkpoint, about 0.1 ms of every test (docs/performance.md).
+
+    Setting it reads the schema, which waits while another connection resets the log: the
+    set-up waits up to ``SETUP_TIMEOUT`` (once per connection), whatever ``timeout`` is.
     """
-    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+    conn = sqlite3.connect(
+        path, timeout=SETUP_TIMEOUT, isolation_level=None, check_same_thread=False
+    )
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute("PRAGMA wal_autocheckpoint=0")  # the _Checkpointer does it
+    conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
     return conn
 
 
