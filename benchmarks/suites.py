@@ -4,6 +4,8 @@ Every test sends one mail with ``smtplib`` (a new connection, as an app's mail b
 opens one) and waits for it. Only the fixture that receives the mail differs:
 
 - ``bare``: a session-scoped bare aiosmtpd sink appending to a list; no isolation;
+- ``floor``: the bare sink plus the five durable writes of a mailbox per test, and nothing
+  else (``benchmarks/floor.py``): what no suite that keeps the contract can go below;
 - ``smtpdfix``: smtpdfix's function-scoped ``smtpd`` fixture (a new server per test);
 - ``mailbox``: pytest-mailbox's ``isolated_mailbox``: reserve, wait, claim, ack, receipt.
 """
@@ -32,6 +34,7 @@ RELATED = ("mailbox", "smtpd", "xdist", "xdist.looponfail")
 #: Plugins each kind does not use (the receiving fixture of the other two kinds).
 NOT_MINE = {
     "bare": ("mailbox", "smtpd"),
+    "floor": ("mailbox", "smtpd"),
     "smtpdfix": ("mailbox",),
     "mailbox": ("smtpd",),
 }
@@ -71,6 +74,28 @@ def bare_sink():
     yield sink
     sink.stop()
 ''',
+    "floor": _SEND
+    + '''
+import pytest
+
+from benchmarks import floor as store
+
+
+@pytest.fixture(scope="session")
+def floor(tmp_path_factory):
+    """The bare sink, committing each message to a shared SQLite store before its 250."""
+    found = store.start(tmp_path_factory.mktemp("floor") / "store.sqlite3")
+    yield found
+    found.sink.stop()
+
+
+@pytest.fixture
+def box(floor):
+    """A reservation: one durable write, and one more to release it."""
+    alias, fence = store.reserve(floor)
+    yield alias, fence
+    store.release(floor, alias)
+''',
     "smtpdfix": _SEND,
     "mailbox": _SEND,
 }
@@ -90,6 +115,24 @@ def test_mail(bare_sink, n):
     send(bare_sink.host, bare_sink.port, "user@mailbox.test", subject)
     raw = bare_sink.handler.wait_for(subject, 10, threading.Event())
     assert b"482913" in raw
+""",
+    "floor": """
+import threading
+
+import pytest
+
+from benchmarks import floor as store
+from conftest import send
+
+
+@pytest.mark.parametrize("n", range({count}))
+def test_mail(floor, box, n):
+    alias, fence = box
+    subject = f"Verify {module}-{{n}}"
+    send(floor.sink.host, floor.sink.port, alias, subject)
+    raw = floor.sink.handler.wait_for(subject, 10, threading.Event())
+    assert b"482913" in raw
+    store.claim_and_ack(floor, alias, fence)
 """,
     "smtpdfix": """
 import pytest

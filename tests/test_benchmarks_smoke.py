@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,33 @@ def test_the_xdist_rows_count_the_cpu_of_every_process(tmp_path: Path) -> None:
     assert all(re.search(r"cores busy throughout: \d+\.\d\d×", d) for d in details)
     (target,) = results["targets"]
     assert re.search(r"cores busy throughout: \d+\.\d\d× \(bare \d+\.\d\d×\)", target["note"])
+
+
+def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_beside(
+    tmp_path: Path,
+) -> None:
+    """The floor suite reserves, delivers, claims, acks and releases each test's mail in the
+    store (so it measures those writes), and the suites' report sets it beside the target."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import suites  # noqa: PLC0415 - a script directory, not a package dep
+    finally:
+        sys.path.remove(str(ROOT))
+    path = suites.generate(tmp_path, "floor", 3)
+    suites.run(path, "floor", 3)  # raises unless every test passed
+    with sqlite3.connect(path / "basetemp" / "floor0" / "store.sqlite3") as conn:
+        boxes = conn.execute("SELECT state, count(*) FROM boxes GROUP BY state").fetchall()
+        mails = conn.execute("SELECT state, count(*) FROM mails GROUP BY state").fetchall()
+    conn.close()
+    assert (boxes, mails) == ([("released", 3)], [("consumed", 3)])
+
+    raw = tmp_path / "results.json"
+    argv = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--only", "suites"]
+    argv += ["--out", str(tmp_path / "performance.md"), "--json", str(raw)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads(raw.read_text(encoding="utf-8"))
+    names = [row["name"] for row in results["rows"]]
+    assert sum("the contract's floor" in name for name in names) == 2  # wall, and phases
+    target = next(t for t in results["targets"] if "≤ 1.2× bare list sink" in t["text"])
+    assert re.search(r"the floor \(five durable writes, nothing else\): \d+\.\d\d×", target["note"])

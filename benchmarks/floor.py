@@ -1,0 +1,114 @@
+"""The contract's floor, for the per-test benchmark: the durable writes a mailbox per test
+cannot do without, and nothing else.
+
+Per test: a reservation, the sink's delivery before its ``250``, a claim, an ack and a
+release, each one ``BEGIN IMMEDIATE`` transaction of one statement on one shared SQLite
+file in WAL mode, as pytest-mailbox's store does them (``synchronous=OFF``, a connection
+per thread); and the contract, a pydantic model (DESIGN §2). No timeline, no store-wide
+fence counter (the fence is a counter of this process), no claims table, no receipt, no
+masking, no near-miss report, no selector: a lower bound. What pytest-mailbox costs above
+it is what those cost; no suite that keeps the contract's durable steps costs less.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pydantic
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from benchmarks.smtp import ListHandler, ListSink
+
+SCHEMA = """
+CREATE TABLE boxes (id INTEGER PRIMARY KEY, alias TEXT NOT NULL UNIQUE, state TEXT NOT NULL);
+CREATE TABLE mails (
+    id INTEGER PRIMARY KEY, box TEXT NOT NULL, state TEXT NOT NULL, fence INTEGER
+);
+CREATE INDEX mails_box ON mails (box, state);
+"""
+
+
+class Contract(pydantic.BaseModel):
+    """The per-test rules, validated as pytest-mailbox validates its own."""
+
+    purpose: str = "mail"
+    ttl: int = 300
+    lease: float = 60.0
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA synchronous=OFF")
+    return conn
+
+
+def write(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    """One durable write: a ``BEGIN IMMEDIATE`` transaction of one statement."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.execute("COMMIT")
+
+
+class StoreHandler(ListHandler):
+    """The bare list sink, committing each message to the store before its ``250``."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.conn = connect(path)
+
+    async def handle_DATA(  # noqa: N802 - aiosmtpd hook name
+        self, server: SMTP, session: Session, envelope: Envelope
+    ) -> str:
+        write(
+            self.conn,
+            "INSERT INTO mails (box, state) VALUES (?, 'waiting')",
+            (envelope.rcpt_tos[0],),
+        )
+        return await super().handle_DATA(server, session, envelope)
+
+
+class Floor(NamedTuple):
+    sink: ListSink
+    conn: sqlite3.Connection
+    numbers: Iterator[int]
+
+
+def start(path: Path) -> Floor:
+    conn = connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(SCHEMA)
+    sink = ListSink()
+    sink.handler = StoreHandler(path)
+    return Floor(sink.start(), conn, itertools.count(1))
+
+
+def reserve(floor: Floor) -> tuple[str, int]:
+    """A reserved alias and its fence."""
+    number = next(floor.numbers)
+    alias = f"{Contract().purpose}-{number}@mailbox.test"
+    write(floor.conn, "INSERT INTO boxes (alias, state) VALUES (?, 'reserved')", (alias,))
+    return alias, number
+
+
+def claim_and_ack(floor: Floor, alias: str, fence: int) -> None:
+    (row,) = write(
+        floor.conn,
+        "UPDATE mails SET state = 'claimed', fence = ? WHERE box = ? AND state = 'waiting'"
+        " RETURNING id",
+        (fence, alias),
+    )
+    write(
+        floor.conn,
+        "UPDATE mails SET state = 'consumed' WHERE id = ? AND fence = ?",
+        (row[0], fence),
+    )
+
+
+def release(floor: Floor, alias: str) -> None:
+    write(floor.conn, "UPDATE boxes SET state = 'released' WHERE alias = ?", (alias,))
