@@ -10,7 +10,9 @@ import re
 import sqlite3
 import subprocess
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,28 @@ def tables(markdown: str) -> list[list[str]]:
             found.append(current)
             current = []
     return found
+
+
+def benchmark_suites() -> types.ModuleType:
+    """``benchmarks.suites``: a script directory, not an installed package."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import suites  # noqa: PLC0415
+
+        return suites
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+def smoke_run(tmp_path: Path, only: str) -> dict[str, Any]:
+    """The results of ``run.py --smoke --only ONLY``, which must succeed."""
+    raw = tmp_path / "results.json"
+    argv = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--only", only]
+    argv += ["--out", str(tmp_path / "performance.md"), "--json", str(raw)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results: dict[str, Any] = json.loads(raw.read_text(encoding="utf-8"))
+    return results
 
 
 def test_the_harness_writes_a_well_formed_report(tmp_path: Path) -> None:
@@ -102,11 +126,7 @@ def test_a_rerun_keeps_what_people_wrote_around_the_generated_part(tmp_path: Pat
 def test_the_warm_up_caches_the_bytecode_of_the_modules_a_test_imports(tmp_path: Path) -> None:
     """The timed runs write no bytecode, so whatever the warm-up did not import is compiled
     again in every run: the plugin imports its sink, store and mailbox at the first test."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        from benchmarks import suites  # noqa: PLC0415 - a script directory, not a package dep
-    finally:
-        sys.path.remove(str(ROOT))
+    suites = benchmark_suites()
     cache = ROOT / "src" / "pytest_mailbox" / "__pycache__"
     lazy = ("mailbox", "message", "sink", "store")
     tag = f"{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
@@ -119,11 +139,7 @@ def test_the_warm_up_caches_the_bytecode_of_the_modules_a_test_imports(tmp_path:
 def test_the_xdist_rows_count_the_cpu_of_every_process(tmp_path: Path) -> None:
     """The `-n 2` figure comes with the CPU its processes used, workers included, and the
     speed-up that CPU would allow on every core: what bounds the figure on this machine."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        from benchmarks import suites  # noqa: PLC0415 - a script directory, not a package dep
-    finally:
-        sys.path.remove(str(ROOT))
+    suites = benchmark_suites()
     path = suites.generate(tmp_path, "mailbox", 4)
     alone = suites.run(path, "mailbox", 4)
     spread = suites.run(path, "mailbox", 4, workers=2)
@@ -132,12 +148,7 @@ def test_the_xdist_rows_count_the_cpu_of_every_process(tmp_path: Path) -> None:
     # three times one process doing it all. The controller alone uses less than that one.
     assert spread.cpu > 1.5 * alone.cpu
 
-    raw = tmp_path / "results.json"
-    argv = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--only", "xdist"]
-    argv += ["--out", str(tmp_path / "performance.md"), "--json", str(raw)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    results = json.loads(raw.read_text(encoding="utf-8"))
+    results = smoke_run(tmp_path, "xdist")
     details = [row["detail"] for row in results["rows"] if "`-n 2`" in row["name"]]
     assert len(details) == 2
     assert all(re.search(r"CPU \(user \+ system, all processes\) \d+\.\d\d s", d) for d in details)
@@ -151,11 +162,7 @@ def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_be
 ) -> None:
     """The floor suite reserves, delivers, claims, acks and releases each test's mail in the
     store (so it measures those writes), and the suites' report sets it beside the target."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        from benchmarks import suites  # noqa: PLC0415 - a script directory, not a package dep
-    finally:
-        sys.path.remove(str(ROOT))
+    suites = benchmark_suites()
     path = suites.generate(tmp_path, "floor", 3)
     suites.run(path, "floor", 3)  # raises unless every test passed
     with sqlite3.connect(path / "basetemp" / "floor0" / "store.sqlite3") as conn:
@@ -164,12 +171,7 @@ def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_be
     conn.close()
     assert (boxes, mails) == ([("released", 3)], [("consumed", 3)])
 
-    raw = tmp_path / "results.json"
-    argv = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--only", "suites"]
-    argv += ["--out", str(tmp_path / "performance.md"), "--json", str(raw)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    results = json.loads(raw.read_text(encoding="utf-8"))
+    results = smoke_run(tmp_path, "suites")
     names = [row["name"] for row in results["rows"]]
     assert sum("the contract's floor" in name for name in names) == 2  # wall, and phases
     target = next(t for t in results["targets"] if "≤ 1.2× bare list sink" in t["text"])
