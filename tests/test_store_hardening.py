@@ -72,6 +72,12 @@ def deliver(store: Store, mailbox: MailboxRow, subject: str, body: bytes = b"hi"
     return message_id
 
 
+def _incoming(mailbox: MailboxRow, subject: str, body: bytes) -> Incoming:
+    rcpt = Delivery(rcpt=mailbox.address, alias=mailbox.alias, tag=None, domain=mailbox.domain)
+    raw = b"Subject: %s\r\n\r\n%s\r\n" % (subject.encode(), body)
+    return Incoming("app@example.test", [rcpt], raw, subject, None, ())
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     handle = Store(tmp_path / "store.sqlite3")
@@ -179,7 +185,11 @@ def test_kill_9_of_a_sink_process_loses_no_accepted_message(
     assert store.messages(mailbox.mailbox_id)[-1].subject == "survivor"
 
 
-def test_wal_stays_bounded_while_readers_never_pause(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wait", [True, False], ids=["waiting-writer", "sink-event-loop"])
+def test_wal_stays_bounded_while_readers_never_pause(tmp_path: Path, wait: bool) -> None:
+    """Bounded whether the writer truncates the log itself (a test's write) or leaves it to
+    the background checkpointer (the sink's event loop: ``wait=False``, then its writer
+    thread when the lock is taken), which must wait for the readers to leave the log."""
     limit = 1024 * 1024
     writer = Store(tmp_path / "store.sqlite3", wal_limit=limit)
     reader = Store(tmp_path / "store.sqlite3")  # one connection per reading thread
@@ -201,7 +211,11 @@ def test_wal_stays_bounded_while_readers_never_pause(tmp_path: Path) -> None:
     body = b"x" * 16384
     try:
         for n in range(1600):  # 26 MB of messages, 26 times the limit
-            deliver(writer, mailbox, f"m{n}", body)
+            incoming = _incoming(mailbox, f"m{n}", body)
+            try:
+                writer.deliver_all([incoming], wait=wait)
+            except StoreBusy:  # what the sink does: its writer thread waits for the lock
+                writer.deliver_all([incoming])
             largest = max(largest, Path(f"{writer.path}-wal").stat().st_size)
     finally:
         done.set()
@@ -425,19 +439,37 @@ def _bigger_than_the_log(tmp_path: Path, limit: int) -> tuple[Store, Incoming, P
     return store, big, Path(f"{store.path}-wal")
 
 
-def test_a_commit_that_must_not_wait_leaves_the_log_to_the_background_thread(
+def test_a_commit_that_must_not_wait_leaves_the_log_to_a_writer_that_may(
     tmp_path: Path,
 ) -> None:
+    """The sink's event loop never truncates the log (a checkpoint there can take tens of
+    ms). Once its store handle has seen the log past the limit, it refuses to commit, so
+    the sink hands the message to its writer thread, which may wait: that commit
+    truncates the log, and the loop commits again. (A background checkpointer cannot
+    truncate it beside a writer that never stops: SQLite's busy handler sleeps 1 ms, and
+    loses the write lock to it every time.)"""
     limit = 256 * 1024
     store, big, wal = _bigger_than_the_log(tmp_path, limit)
-    for _ in range(WAL_CHECK_EVERY):  # the handle looks at the log's size every few commits
-        store.deliver_all([big], wait=False)  # what the sink's event loop does
+    refused: list[str] = []
+    committed = 0
+    for _ in range(WAL_CHECK_EVERY + 1):  # the handle looks at the log's size every few
+        try:  # commits: until then, the loop commits
+            store.deliver_all([big], wait=False)
+        except StoreBusy as exc:
+            refused.append(str(exc))
+            break
+        committed += 1
+    assert refused == ["the write-ahead log is past wal_limit: a writer that may wait truncates it"]
+    assert 1 <= committed <= WAL_CHECK_EVERY
+    assert wal.stat().st_size > limit  # not truncated on the caller's thread
 
-    # Not truncated on the caller's thread (a checkpoint there can take tens of ms); the
-    # next waiting writer truncates it, having seen it past the limit.
-    assert wal.stat().st_size > limit
-    store.deliver_all([big])
+    store.deliver_all([big])  # the sink's writer thread
     assert wal.stat().st_size == 0
+    store.deliver_all([big], wait=False)
+    with sqlite3.connect(store.path) as conn:
+        (stored,) = conn.execute("SELECT count(*) FROM messages").fetchone()
+    conn.close()
+    assert stored == committed + 2  # the refused one was not stored
     store.close()
 
 
@@ -462,9 +494,9 @@ def test_no_connection_syncs_and_the_checkpointer_never_waits(
 ) -> None:
     """Every connection the store opens has ``synchronous=OFF`` (``NORMAL`` synced the file
     twice at every checkpoint: a commit is visible to every process, and safe from a crash
-    of this one, once the operating system has it). The background checkpointer's never
-    waits for a lock: a RESTART waiting for a reader held the write lock meanwhile, and
-    every writer with it."""
+    of this one, once the operating system has it). The background checkpointer's waits
+    for a lock ``RESTART_HOLD`` at most (1 ms): its RESTART waits for readers holding the
+    write lock, and every writer waits with it (it waited up to 1 s)."""
     seen: list[tuple[str, int, int]] = []
     real = store_module._connect
 
@@ -485,4 +517,4 @@ def test_no_connection_syncs_and_the_checkpointer_never_waits(
     assert {sync for _, sync, _ in seen} == {0}
     # The test's writer and reader, then the checkpointer's.
     waits = sorted((name, timeout) for name, _, timeout in seen)
-    assert waits == [("MainThread", 0), ("MainThread", 60_000), ("pytest-mailbox-checkpoint", 0)]
+    assert waits == [("MainThread", 0), ("MainThread", 60_000), ("pytest-mailbox-checkpoint", 1)]

@@ -177,8 +177,11 @@ WAL_LIMIT = 16 * 1024 * 1024
 #: delivery would stall for the copy (see docs/performance.md, wake-up p99).
 CHECKPOINT_EVERY = 50
 #: Past this many pages in the log, that thread also restarts it: writers wait for the few
-#: pages the passive copies left (milliseconds), and the log starts over from its beginning.
+#: pages the passive copies left, and the log starts over from its beginning.
 RESTART_PAGES = 1000
+#: How long one try to restart the log may wait for readers to leave it, holding the write
+#: lock (seconds): SQLite's busy handler sleeps 1 ms at its first wait.
+RESTART_HOLD = 0.001
 
 #: A write looks for overdue mailboxes other than its own at most once per this many seconds
 #: of the store's clock (a handle's first write always looks). The mailbox a write acts on is
@@ -387,10 +390,16 @@ class Store:
         Waiting is a retry loop that starts at 50 µs: SQLite's own busy handler sleeps
         1 ms, then 2, then 5…, which made every collision between two xdist workers cost
         milliseconds. ``wait=False`` raises ``StoreBusy`` at once instead, and never waits
-        on anything (a log past ``wal_limit`` is left to the background checkpointer): for
-        an event loop that must not block. Once ``give_up`` is set, the next refusal raises
-        ``StoreBusy`` too (within one pause, at most ``RETRY_LAST``): for a sink that stops.
+        on anything: for an event loop that must not block. It also refuses while the log
+        is known to be past ``wal_limit``, which a writer that may wait truncates (the
+        sink's writer thread, which takes what the loop could not commit): a background
+        checkpointer cannot, beside writers that never stop. Once ``give_up`` is set, the
+        next refusal raises ``StoreBusy`` too (within one pause, at most ``RETRY_LAST``):
+        for a sink that stops.
         """
+        if not wait and self._wal_over:
+            msg = "the write-ahead log is past wal_limit: a writer that may wait truncates it"
+            raise StoreBusy(msg)
         conn = self._conn(writer=True)
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
         while True:
@@ -450,7 +459,7 @@ class Store:
         self._wal_over = size > self.wal_limit
         if not self._wal_over:
             return
-        if patience <= 0:  # a caller that must not block: the background thread does it
+        if patience <= 0:  # a caller that must not block: its next commit is refused (_write)
             self._checkpointer_for().request()
             return
         pauses = _pauses(patience)
@@ -635,8 +644,9 @@ class Store:
     ) -> list[list[str]]:
         """Commit several accepted messages in one transaction (all or none); their ids.
 
-        With ``wait=False`` it raises ``StoreBusy`` instead of waiting for the write lock,
-        and it stops waiting with ``StoreBusy`` once ``give_up`` is set: nothing is stored.
+        With ``wait=False`` it raises ``StoreBusy`` instead of waiting for the write lock
+        (or while the log is past ``wal_limit``), and it stops waiting with ``StoreBusy``
+        once ``give_up`` is set: nothing is stored.
         """
         ids: list[list[str]] = []
         with self._write(wait=wait, give_up=give_up) as tx:
@@ -1241,16 +1251,20 @@ class _Checkpointer:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        # It never waits: a RESTART waiting for a reader holds the write lock meanwhile, and
-        # every writer waits with it (a test's claim, a sink's delivery). Busy now, it copies
-        # what it can, and the next request tries again.
-        conn = _connect(self._path, timeout=0.0)
+        conn = _connect(self._path, timeout=RESTART_HOLD)
         try:
             while self._wanted.wait() and not self._stopping.is_set():
                 self._wanted.clear()
                 with suppress(sqlite3.Error):  # best effort: busy now, done next time
                     _, logged, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    if logged > RESTART_PAGES and not self._stopping.is_set():
+                    if logged > RESTART_PAGES:
+                        # A passive copy beside writers never leaves the log fully copied,
+                        # so no writer starts it over by itself. RESTART copies the rest
+                        # holding the write lock, then waits, still holding it, for the
+                        # readers in the log to leave (new ones read the database alone):
+                        # every writer waits with them, so only RESTART_HOLD; busy, the
+                        # next request tries again. (A log past wal_limit is truncated by
+                        # a writer that may wait: see Store._write.)
                         conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
         finally:
             conn.close()
