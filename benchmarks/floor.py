@@ -33,11 +33,13 @@ CREATE INDEX mails_box ON mails (box, state);
 
 
 class Contract(pydantic.BaseModel):
-    """The per-test rules, validated as pytest-mailbox validates its own."""
+    """The per-test rules, with the checks of pytest-mailbox's own on these fields."""
 
-    purpose: str = "mail"
-    ttl: int = 300
-    lease: float = 60.0
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    purpose: str = pydantic.Field(default="mail", pattern=r"^[a-z][a-z0-9-]{0,29}$")
+    ttl: int = pydantic.Field(default=300, gt=0)
+    lease: float = pydantic.Field(default=60.0, gt=0, allow_inf_nan=False)
 
 
 def connect(path: Path) -> sqlite3.Connection:

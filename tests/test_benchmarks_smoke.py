@@ -175,4 +175,5 @@ def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_be
     names = [row["name"] for row in results["rows"]]
     assert sum("the contract's floor" in name for name in names) == 2  # wall, and phases
     target = next(t for t in results["targets"] if "≤ 1.2× bare list sink" in t["text"])
-    assert re.search(r"the floor \(five durable writes, nothing else\): \d+\.\d\d×", target["note"])
+    floor = r"the floor \(five durable writes and a pydantic contract, nothing else\): \d+\.\d\d×"
+    assert re.search(floor, target["note"])

@@ -545,6 +545,47 @@ def test_only_the_closest_marker_counts(pytester: pytest.Pytester) -> None:
     pytester.runpytest().assert_outcomes(passed=2)
 
 
+def test_a_contract_is_the_one_its_setup_found(pytester: pytest.Pytester) -> None:
+    """A marker added while a test runs (a fixture's ``request.node.add_marker``) changes no
+    contract: a test without a marker keeps the settings' one, as a marked test keeps its
+    marker's. With the marker check off (``-p no:mailbox-marker``) the fixture reads and
+    checks the marker itself."""
+    pytester.makeini("[pytest]\nmailbox_lease = 45\n")
+    pytester.makepyfile(
+        test_late="""
+        import pytest
+
+        @pytest.fixture
+        def late(request):
+            request.node.add_marker(pytest.mark.email_contract(ttl=40, purpose="late"))
+
+        def test_unmarked(late, email_contract):
+            assert (email_contract.purpose, email_contract.ttl, email_contract.lease) == (
+                "mail", 300, 45
+            )
+
+        @pytest.mark.email_contract(ttl=50, purpose="marked")
+        def test_marked(late, email_contract):
+            assert (email_contract.purpose, email_contract.ttl) == ("marked", 50)
+        """,
+        test_unchecked="""
+        import pytest
+
+        @pytest.mark.email_contract(purpose="direct")
+        def test_direct(email_contract):
+            assert (email_contract.purpose, email_contract.lease) == ("direct", 45)
+
+        @pytest.mark.email_contract(purpse="typo")
+        def test_typo(email_contract):
+            pass
+        """,
+    )
+    pytester.runpytest("test_late.py").assert_outcomes(passed=2)
+    result = pytester.runpytest("test_unchecked.py", "-p", "no:mailbox-marker")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*email_contract: unknown field 'purpse'*"])
+
+
 def test_a_raised_ttl_max_lets_a_longer_marker_ttl_through(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
@@ -1072,6 +1113,11 @@ def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) 
     result = pytester.runpytest_subprocess(*off, "-n", "2")  # smtpdfix imports aiosmtpd
     result.assert_outcomes(passed=5)
     assert (pytester.path / "controller.txt").read_text() == "[]"
+    # pytest-html installed, no report asked for: no receipt to parse for it.
+    with_html = [o for o in off if o not in ("-pno:html", "-pno:metadata")]
+    result = pytester.runpytest_subprocess(*with_html, "-n", "2")
+    result.assert_outcomes(passed=5)
+    assert (pytester.path / "controller.txt").read_text() == "[]"
     result = pytester.runpytest_subprocess(*off, "-n", "0")
     result.assert_outcomes(passed=5)
     every = repr(sorted(HEAVY))
@@ -1141,6 +1187,19 @@ def test_a_run_without_mailbox_tests_never_imports_the_sink(
         else ["ended-gw0.txt", "ended-gw1.txt", "ended-main.txt"]
     )
     assert all(pytester.path.joinpath(name).read_text() == "[]" for name in ended)
+
+
+def test_the_vocabulary_is_still_where_it_was() -> None:
+    """The names that moved to ``vocabulary`` (no pydantic) are still exported where code
+    found them before: ``contract``, and ``message`` for ``digest``."""
+    from pytest_mailbox import contract, message, vocabulary  # noqa: PLC0415
+
+    moved = [name for name in vocabulary.__all__ if name != "digest"]
+    assert [getattr(contract, name) for name in moved] == [
+        getattr(vocabulary, name) for name in moved
+    ]
+    assert set(moved) <= set(contract.__all__)
+    assert message.digest is vocabulary.digest
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])

@@ -21,8 +21,10 @@ from pydantic import (
 
 from pytest_mailbox.endpoint import host_name
 from pytest_mailbox.vocabulary import (
+    CONTRACT_FIELDS,
     DEFAULT_LEASE,
     DEFAULT_TTL,
+    DEFAULT_TTL_MAX,
     Checkpoint,
     CloseReason,
     Status,
@@ -38,7 +40,11 @@ else:  # pragma: no cover - Python 3.10
     import sre_parse as _sre_parse
     from sre_compile import compile as _sre_compile
 
-__all__ = [
+__all__ = [  # with the vocabulary's names, which this module exported before it existed
+    "CONTRACT_FIELDS",
+    "DEFAULT_LEASE",
+    "DEFAULT_TTL",
+    "DEFAULT_TTL_MAX",
     "AgentEvidence",
     "Checkpoint",
     "CloseReason",
@@ -50,6 +56,7 @@ __all__ = [
     "Selector",
     "Status",
     "describe_validation_error",
+    "utc",
 ]
 
 

@@ -46,7 +46,9 @@ _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
-_contract_key = pytest.StashKey["EmailContract"]()  # a marked test's, checked at its setup
+#: A test's contract as its setup found it: its marker's, checked; None, no marker (the
+#: settings' contract, built once a fixture asks for it).
+_contract_key = pytest.StashKey["EmailContract | None"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,7 +105,9 @@ def pytest_configure(config: pytest.Config) -> None:
             )
             raise pytest.UsageError(msg) from None
         config.pluginmanager.register(writer, "mailbox-receipts")
-    if config.pluginmanager.hasplugin("html") and not _is_worker(config):
+    # Only for a report asked for: pytest-html installed alone would parse every receipt.
+    html_report = config.getoption("htmlpath", None)
+    if config.pluginmanager.hasplugin("html") and html_report and not _is_worker(config):
         config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
     if _is_controller(config):
         config.pluginmanager.register(_CrashReceipts(config), "mailbox-crashes")
@@ -336,11 +340,11 @@ class _Fixtures:
         """This test's contract: the mailbox_* ini defaults, overlaid by its email_contract
         marker."""
         item = self.test()
-        contract = item.stash.get(_contract_key, None)  # a marker's, checked at setup
-        if contract is None:  # no marker (or -p no:mailbox-marker): checked here
-            marker = item.get_closest_marker("email_contract")
-            contract = _contract_for(marker, self.config.stash[_settings_key])
-        return contract
+        settings = self.config.stash[_settings_key]
+        if _contract_key not in item.stash:  # -p no:mailbox-marker: no check at setup
+            return _contract_for(item.get_closest_marker("email_contract"), settings)
+        contract = item.stash[_contract_key]
+        return settings.contract if contract is None else contract
 
     def isolated_mailbox(
         self, mailbox_server: MailSink, mailbox_store: Store, email_contract: EmailContract
@@ -436,6 +440,7 @@ class _MarkerCheck:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         marker = item.get_closest_marker("email_contract")
         if marker is None:  # the settings' contract, built once a fixture asks for it
+            item.stash[_contract_key] = None
             return
         known = self._contracts.get(id(marker))
         if known is None or known[0] is not marker:
