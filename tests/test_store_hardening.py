@@ -7,6 +7,7 @@ their progress from a pipe, never from a sleep.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import smtplib
@@ -518,3 +519,45 @@ def test_no_connection_syncs_and_the_checkpointer_never_waits(
     # The test's writer and reader, then the checkpointer's.
     waits = sorted((name, timeout) for name, _, timeout in seen)
     assert waits == [("MainThread", 0), ("MainThread", 60_000), ("pytest-mailbox-checkpoint", 1)]
+
+
+def test_a_reader_that_never_lets_go_costs_log_growth_not_a_wait_per_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read transaction held open pins the log: no checkpoint can truncate it until it
+    ends. Once a writer's patience is spent in vain, no one waits to truncate for a while
+    (``TRUNCATE_BACKOFF``) and the sink's event loop commits again: the log grows instead of
+    every message waiting a second, or going through the writer thread, for nothing."""
+    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", 0.05)
+    monkeypatch.setattr(store_module, "TRUNCATE_BACKOFF", 3600.0)  # it never runs out here
+    limit = 64 * 1024
+    store, big, wal = _bigger_than_the_log(tmp_path, limit)
+    pinned = sqlite3.connect(store.path, isolation_level=None)
+    pinned.execute("BEGIN")
+    pinned.execute("SELECT count(*) FROM messages").fetchone()  # a snapshot, held
+    for _ in range(WAL_CHECK_EVERY):  # a waiting writer looks at the log within these
+        store.deliver_all([big])
+
+    store.deliver_all([big], wait=False)  # not refused: nobody could truncate
+    assert wal.stat().st_size > limit
+    pinned.execute("COMMIT")
+    pinned.close()
+    monkeypatch.setattr(store, "_truncate_after", -math.inf)  # the back-off is over
+    store.deliver_all([big])
+    assert wal.stat().st_size == 0
+    store.close()
+
+
+def test_a_commit_given_up_before_it_begins_stores_nothing(tmp_path: Path) -> None:
+    """A sink that stops gives up what its writer thread has not committed yet, even with
+    the lock free: those clients are cut off, got no ``250``, and still own the message."""
+    store, big, _ = _bigger_than_the_log(tmp_path, 64 * 1024)
+    stopping = threading.Event()
+    stopping.set()
+    with pytest.raises(StoreBusy, match="given up: the sink stops"):
+        store.deliver_all([big], give_up=stopping)
+    with sqlite3.connect(store.path) as conn:
+        (stored,) = conn.execute("SELECT count(*) FROM messages").fetchone()
+    conn.close()
+    assert stored == 0
+    store.close()

@@ -200,6 +200,12 @@ RETRY_LAST = 0.005
 WAL_CHECK_EVERY = 8
 #: How long a writer keeps trying to truncate a log past ``wal_limit`` before going on.
 TRUNCATE_PATIENCE = 1.0
+#: After a patience spent in vain (a reader that never leaves the log: a transaction held
+#: open), nobody waits to truncate the log for this long, doubling at each failure up to
+#: ``TRUNCATE_BACKOFF_MAX``, then again: no wait can help until that reader lets go, so
+#: the log grows meanwhile instead of every commit waiting in vain.
+TRUNCATE_BACKOFF = 1.0
+TRUNCATE_BACKOFF_MAX = 60.0
 
 
 class MailboxRow(NamedTuple):
@@ -346,6 +352,8 @@ class Store:
         self._commits = 0
         self._next_sweep = -math.inf  # see SWEEP_EVERY
         self._wal_over = False  # the log was past wal_limit at the last look
+        self._truncate_after = -math.inf  # time.monotonic(): see TRUNCATE_BACKOFF
+        self._backoff = TRUNCATE_BACKOFF
         self._checkpointer: _Checkpointer | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
@@ -397,8 +405,11 @@ class Store:
         next refusal raises ``StoreBusy`` too (within one pause, at most ``RETRY_LAST``):
         for a sink that stops.
         """
-        if not wait and self._wal_over:
+        if not wait and self._wal_over and time.monotonic() >= self._truncate_after:
             msg = "the write-ahead log is past wal_limit: a writer that may wait truncates it"
+            raise StoreBusy(msg)
+        if give_up is not None and give_up.is_set():  # its client is cut off: it owns it
+            msg = "given up: the sink stops"
             raise StoreBusy(msg)
         conn = self._conn(writer=True)
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
@@ -418,7 +429,7 @@ class Store:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self._bound_wal(conn, patience=TRUNCATE_PATIENCE if wait else 0.0)
+        self._bound_wal(conn, patience=TRUNCATE_PATIENCE if wait else 0.0, give_up=give_up)
 
     @contextmanager
     def _read(self) -> Iterator[None]:
@@ -434,7 +445,13 @@ class Store:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    def _bound_wal(self, conn: sqlite3.Connection, *, patience: float) -> None:
+    def _bound_wal(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        patience: float,
+        give_up: threading.Event | None = None,
+    ) -> None:
         """Checkpoint and truncate the log once it passes ``wal_limit``.
 
         The log's size is looked at after this handle's first commit and every
@@ -446,6 +463,7 @@ class Store:
         does not wait); it is tried again every 50 µs or so for ``patience`` seconds, so it
         lands in the gaps between a busy reader's statements, which SQLite's own busy
         handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long as they read.
+        A patience spent in vain backs off (``TRUNCATE_BACKOFF``); ``give_up`` ends it.
         """
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
@@ -459,7 +477,9 @@ class Store:
         self._wal_over = size > self.wal_limit
         if not self._wal_over:
             return
-        if patience <= 0:  # a caller that must not block: its next commit is refused (_write)
+        if patience <= 0 or time.monotonic() < self._truncate_after:
+            # A caller that must not block (its next commit is refused, see _write), or a
+            # back-off after a reader outlasted the last patience: no one waits for now.
             self._checkpointer_for().request()
             return
         pauses = _pauses(patience)
@@ -468,9 +488,13 @@ class Store:
                 busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 if not busy:
                     self._wal_over = False
+                    self._backoff = TRUNCATE_BACKOFF
                     return
-            if next(pauses, False) is False:
-                return
+            if (give_up is not None and give_up.is_set()) or next(pauses, False) is False:
+                break
+        if give_up is None or not give_up.is_set():  # in vain: back off
+            self._truncate_after = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, TRUNCATE_BACKOFF_MAX)
 
     def _checkpointer_for(self) -> _Checkpointer:
         with self._lock:
