@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import re
@@ -618,8 +619,14 @@ def test_an_ini_receipts_path_is_taken_from_the_ini_files_directory(
 
 @pytest.mark.parametrize(
     "command",
-    [["--collect-only"], ["--collect-only", "-n", "2"], ["--fixtures"], ["--markers"]],
-    ids=["collect-only", "collect-only-xdist", "fixtures", "markers"],
+    [
+        ["--collect-only"],
+        ["--collect-only", "-n", "2"],
+        ["--fixtures"],
+        ["--fixtures-per-test"],
+        ["--markers"],
+    ],
+    ids=["collect-only", "collect-only-xdist", "fixtures", "fixtures-per-test", "markers"],
 )
 def test_a_command_that_runs_no_test_leaves_the_receipts_file_alone(
     pytester: pytest.Pytester, command: list[str]
@@ -629,7 +636,10 @@ def test_a_command_that_runs_no_test_leaves_the_receipts_file_alone(
     before = (pytester.path / "receipts.jsonl").read_text()
     assert before
 
-    result = pytester.runpytest(*command, "--mailbox-receipts=receipts.jsonl")
+    # ... even while another run writes it (an IDE lists tests beside a running suite).
+    with (pytester.path / "receipts.jsonl").open("a") as other_run:
+        fcntl.flock(other_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = pytester.runpytest(*command, "--mailbox-receipts=receipts.jsonl")
 
     assert result.ret == pytest.ExitCode.OK
     assert (pytester.path / "receipts.jsonl").read_text() == before
@@ -651,6 +661,41 @@ def test_a_session_that_fails_in_collection_leaves_no_receipts_of_the_last_run(
 
     result.stdout.fnmatch_lines(["*ModuleNotFoundError*no_such_module_here*"])
     assert (pytester.path / "receipts.jsonl").read_text() == ""  # nothing that looks current
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_second_run_on_the_same_receipts_file_is_refused_and_changes_nothing(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # Two runs at once on one file: the second would empty it and mix its receipts in.
+    receipts = pytester.path / "receipts.jsonl"
+    pytester.makepyfile(
+        f"""
+        import subprocess
+        import sys
+
+        def test_first(isolated_mailbox, tmp_path):
+            (tmp_path / "test_second.py").write_text("def test_second(isolated_mailbox): pass")
+            second = subprocess.run(
+                [sys.executable, "-m", "pytest", "-p", "no:asyncio", "-p", "no:cacheprovider",
+                 "test_second.py", "--mailbox-receipts={receipts}"],
+                cwd=tmp_path, capture_output=True, text=True,
+            )
+            assert second.returncode == 4, second.stdout + second.stderr
+            assert "is being written by another pytest run; give each run its own file" in (
+                second.stderr
+            )
+            assert "test_second" not in second.stdout  # refused before it ran anything
+        """
+    )
+
+    result = pytester.runpytest("-n", workers, f"--mailbox-receipts={receipts}")
+
+    result.assert_outcomes(passed=1)
+    (line,) = receipts.read_text().splitlines()
+    assert json.loads(line)["nodeid"].endswith("::test_first")
+    # The lock ends with the run: the next one on the file writes it as usual.
+    pytester.runpytest(f"--mailbox-receipts={receipts}").assert_outcomes(passed=1)
 
 
 def test_a_failing_waits_traceback_shows_no_extracted_code(pytester: pytest.Pytester) -> None:

@@ -10,7 +10,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
@@ -574,9 +574,25 @@ class _ReceiptWriter:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         # Opened (so a path that cannot be written fails at start-up) but not emptied: that
         # waits for the collection of a run (so --fixtures and --markers keep the file).
         self.stream = path.open("a", encoding="utf-8")
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # The file is a run's until it ends: a second run at the same time would empty it
+        # and mix its receipts in. Runs that only list (an IDE's --collect-only) share it.
+        option = session.config.option
+        if option.collectonly or option.showfixtures or option.show_fixtures_per_test:
+            return
+        if not _lock(self.stream):
+            msg = (
+                f"pytest-mailbox: --mailbox-receipts={str(self.path)!r} is being written by "
+                "another pytest run; give each run its own file (--mailbox-receipts, ini "
+                "mailbox_receipts or PYTEST_MAILBOX_RECEIPTS)"
+            )
+            raise pytest.UsageError(msg)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -596,6 +612,22 @@ class _ReceiptWriter:
 
     def pytest_unconfigure(self) -> None:
         self.stream.close()
+
+
+def _lock(stream: TextIO) -> bool:
+    """Take the file for this run (an advisory lock, freed when the stream closes or the
+    process dies), or say that another run has it."""
+    if sys.platform == "win32":  # pragma: no cover - no flock; the file is shared as before
+        return True
+    import fcntl  # noqa: PLC0415 - not on Windows
+
+    try:
+        fcntl.flock(stream.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # pragma: no cover - a file system without locks (some NFS mounts)
+        return True
+    return True
 
 
 class _CrashReceipts:
