@@ -68,22 +68,19 @@ class SignupApp:
         token = "".join(secrets.choice(string.ascii_letters) for _ in range(32))  # no digits
         code = str(secrets.randbelow(9 * 10**7) + 10**7)  # eight digits: the only code
         link = f"https://{APP}/verify?token={token}"
-        mail = EmailMessage()
-        mail["From"] = f"noreply@{APP}"
-        mail["To"] = address
-        mail["Subject"] = "Verify your e-mail address"
-        mail.set_content(f"Welcome!\n\nOpen {link} or type the code {code} to finish.\n")
-        with smtplib.SMTP(self.host, self.port) as smtp:
-            smtp.send_message(mail)
+        body = f"Welcome!\n\nOpen {link} or type the code {code} to finish.\n"
+        self.send(address, "Verify your e-mail address", body)
         self.sent.append({"address": address, "link": link, "token": token, "code": code})
 
     def welcome(self, address: str) -> None:
         """A mail with neither a link nor a code."""
+        self.send(address, "Welcome aboard", "Glad to have you.\n")
+
+    def send(self, address: str, subject: str, body: str) -> None:
+        """Any mail from the app, over a new SMTP connection as a mail backend opens one."""
         mail = EmailMessage()
-        mail["From"] = f"noreply@{APP}"
-        mail["To"] = address
-        mail["Subject"] = "Welcome aboard"
-        mail.set_content("Glad to have you.\n")
+        mail["From"], mail["To"], mail["Subject"] = f"noreply@{APP}", address, subject
+        mail.set_content(body)
         with smtplib.SMTP(self.host, self.port) as smtp:
             smtp.send_message(mail)
 
@@ -277,18 +274,18 @@ def test_a_receipt_without_agent_tools_has_no_evidence(isolated_mailbox: Mailbox
     assert '"evidence"' not in dump_receipt(isolated_mailbox.receipt())
 
 
+def _extract_a_letters_code(mailbox: Mailbox, app: SignupApp) -> str:
+    """The test reads a code of letters only: no digit run, nothing token-like, so nothing
+    but the test's having extracted it makes the evidence mask it."""
+    app.send(mailbox.address, "Your sign-in code", "Type QXKZTRWB to sign in.\n")
+    return mailbox.wait_for(timeout=10).code(pattern=r"Type ([A-Z]{8}) to")
+
+
 @pytest.mark.email_contract(purpose="signup", max_reads=10)
 def test_evidence_masks_a_code_the_test_extracted_and_handed_to_the_agent(
-    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+    isolated_mailbox: Mailbox, app: SignupApp
 ) -> None:
-    mail = EmailMessage()
-    mail["From"] = f"noreply@{APP}"
-    mail["To"] = isolated_mailbox.address
-    mail["Subject"] = "Your sign-in code"
-    mail.set_content("Type QXKZTRWB to sign in.\n")  # letters only: no digit run to mask
-    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
-        smtp.send_message(mail)
-    code = isolated_mailbox.wait_for(timeout=10).code(pattern=r"Type ([A-Z]{8}) to")
+    code = _extract_a_letters_code(isolated_mailbox, app)
     tools = isolated_mailbox.agent_tools()
 
     # a harness that tells its agent to look for a mail quoting the code it typed
@@ -371,15 +368,9 @@ def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
 
 @pytest.mark.email_contract(purpose="signup", max_reads=10)
 def test_evidence_from_an_mcp_server_masks_what_the_test_extracted(
-    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+    isolated_mailbox: Mailbox, app: SignupApp
 ) -> None:
-    mail = EmailMessage()
-    mail["From"], mail["To"] = f"noreply@{APP}", isolated_mailbox.address
-    mail["Subject"] = "Your sign-in code"
-    mail.set_content("Type QXKZTRWB to sign in.\n")  # no digits, not token-like: only known
-    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
-        smtp.send_message(mail)
-    code = isolated_mailbox.wait_for(timeout=10).code(pattern=r"Type ([A-Z]{8}) to")
+    code = _extract_a_letters_code(isolated_mailbox, app)
     tools = isolated_mailbox.agent_tools()
     command = tools.mcp_command()
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
@@ -1061,14 +1052,11 @@ def test_wait_for_message_waits_for_the_mail_to_arrive(
 
 @pytest.mark.email_contract(purpose="signup", link_domains=[APP])
 def test_a_message_with_several_allowed_links_is_found_and_no_link_is_shown(
-    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+    isolated_mailbox: Mailbox, app: SignupApp
 ) -> None:
     tokens = ["plum-tiger-cloud-river", "qzxwvkjhgfdsamnb"]  # tokens that look like words
-    mail = EmailMessage()
-    mail["From"], mail["To"], mail["Subject"] = f"noreply@{APP}", isolated_mailbox.address, "Hi"
-    mail.set_content(f"Confirm https://{APP}/magic/{tokens[0]} or https://{APP}/{tokens[1]}\n")
-    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
-        smtp.send_message(mail)
+    body = f"Confirm https://{APP}/magic/{tokens[0]} or https://{APP}/{tokens[1]}\n"
+    app.send(isolated_mailbox.address, "Hi", body)
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
 
@@ -1089,15 +1077,11 @@ def test_a_message_with_several_allowed_links_is_found_and_no_link_is_shown(
 
 @pytest.mark.email_contract(purpose="signup", lease=30, link_domains=[APP])
 def test_reveal_picks_one_of_several_links_on_the_host_by_path(
-    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+    isolated_mailbox: Mailbox, app: SignupApp
 ) -> None:
     token = "".join(secrets.choice(string.ascii_letters) for _ in range(32))
     verify, unsubscribe = f"https://{APP}/verify?token={token}", f"https://{APP}/unsubscribe"
-    mail = EmailMessage()
-    mail["From"], mail["To"], mail["Subject"] = f"noreply@{APP}", isolated_mailbox.address, "Hi"
-    mail.set_content(f"Verify: {verify}\nNo more mail? {unsubscribe}\n")
-    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
-        smtp.send_message(mail)
+    app.send(isolated_mailbox.address, "Hi", f"Verify: {verify}\nNo more mail? {unsubscribe}\n")
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
 
