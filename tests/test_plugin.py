@@ -5,14 +5,18 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import weakref
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from pytest_mailbox import plugin
 from pytest_mailbox.contract import Receipt
 from pytest_mailbox.receipts import main as receipts_main
 from pytest_mailbox.receipts import read_receipts
@@ -678,14 +682,15 @@ def test_a_second_run_on_the_same_receipts_file_is_refused_and_changes_nothing(
             (tmp_path / "test_second.py").write_text("def test_second(isolated_mailbox): pass")
             second = subprocess.run(
                 [sys.executable, "-m", "pytest", "-p", "no:asyncio", "-p", "no:cacheprovider",
-                 "test_second.py", "--mailbox-receipts={receipts}"],
-                cwd=tmp_path, capture_output=True, text=True,
+                 "-n", "2", "test_second.py", "--mailbox-receipts={receipts}"],
+                cwd=tmp_path, capture_output=True, text=True, timeout=300,  # a hang's net
             )
             assert second.returncode == 4, second.stdout + second.stderr
             assert "is being written by another pytest run; give each run its own file" in (
                 second.stderr
             )
             assert "test_second" not in second.stdout  # refused before it ran anything
+            assert "workers" not in second.stdout  # ... and before xdist started any
         """
     )
 
@@ -696,6 +701,65 @@ def test_a_second_run_on_the_same_receipts_file_is_refused_and_changes_nothing(
     assert json.loads(line)["nodeid"].endswith("::test_first")
     # The lock ends with the run: the next one on the file writes it as usual.
     pytester.runpytest(f"--mailbox-receipts={receipts}").assert_outcomes(passed=1)
+
+
+def test_a_child_that_a_test_forked_does_not_keep_the_receipts_file(
+    pytester: pytest.Pytester,
+) -> None:
+    # flock belongs to the open file, which a forked child shares: a child that outlives
+    # the run (an app server, a multiprocessing worker) must not hold it against the next.
+    pytester.makepyfile(
+        test_after="def test_after(isolated_mailbox): pass",
+        test_forks="""
+        import os
+        import signal
+        import warnings
+        from pathlib import Path
+
+        def test_forks(isolated_mailbox):
+            ready, told = os.pipe()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: threads
+                pid = os.fork()
+            if pid == 0:
+                os.write(told, b"x")
+                signal.pause()  # until the outer test kills it
+                os._exit(0)
+            os.read(ready, 1)  # the child runs, past the fork handlers
+            Path("child.pid").write_text(str(pid))
+        """,
+    )
+    try:
+        pytester.runpytest_subprocess(
+            "-p", "no:asyncio", "-n", "0", "test_forks.py", "--mailbox-receipts=receipts.jsonl"
+        ).assert_outcomes(passed=1)
+        # The child lives on, its copy of the file's descriptor with it; the next run is
+        # not refused.
+        result = pytester.runpytest("-n", "0", "test_after.py", "--mailbox-receipts=receipts.jsonl")
+        assert result.ret == pytest.ExitCode.OK, result.stderr.str()
+    finally:
+        child = pytester.path / "child.pid"
+        if child.exists():  # not if the first run failed before it forked
+            os.kill(int(child.read_text()), signal.SIGKILL)
+
+
+def test_a_forked_child_lets_go_of_the_lock_and_the_parent_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the fork handler does in the child, here in one process: the child's descriptor
+    # no longer refers to the locked file, and its stream stays usable.
+    monkeypatch.setattr(plugin, "_LOCKED", weakref.WeakSet())
+    receipts = tmp_path / "receipts.jsonl"
+    with receipts.open("a") as run, receipts.open("a") as other:
+        assert plugin._lock(run)
+        assert not plugin._lock(other)
+
+        plugin._unlock_in_child()
+
+        run.write("to /dev/null\n")
+        run.flush()
+        assert plugin._lock(other)  # only the "child's" descriptor held it
+    assert receipts.read_text() == ""
 
 
 def test_a_failing_waits_traceback_shows_no_extracted_code(pytester: pytest.Pytester) -> None:

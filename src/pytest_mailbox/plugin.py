@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import html
+import os
 import re
 import sys
 import types
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -627,7 +629,29 @@ def _lock(stream: TextIO) -> bool:
         return False
     except OSError:  # pragma: no cover - a file system without locks (some NFS mounts)
         return True
+    _LOCKED.add(stream)
     return True
+
+
+#: The receipts files this process holds locked. ``flock`` belongs to the open file, and a
+#: child that a test forks (``multiprocessing``, an app server) shares it: one that outlives
+#: the run would hold the file against the next run.
+_LOCKED: weakref.WeakSet[TextIO] = weakref.WeakSet()
+
+
+def _unlock_in_child() -> None:
+    """In a forked child: point the descriptor at ``/dev/null`` instead (closing it would
+    leave the stream's own close to fail; unlocking would free the parent's lock too)."""
+    for stream in list(_LOCKED):
+        if not stream.closed:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+    _LOCKED.clear()
+
+
+if sys.platform != "win32":
+    os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 class _CrashReceipts:
