@@ -6,8 +6,10 @@ release, each one ``BEGIN IMMEDIATE`` transaction of one statement on one shared
 file in WAL mode, as pytest-mailbox's store does them (``synchronous=OFF``, a connection
 per thread); and the contract, a pydantic model (DESIGN §2). No timeline, no store-wide
 fence counter (the fence is a counter of this process), no claims table, no receipt, no
-masking, no near-miss report, no selector: a lower bound. What pytest-mailbox costs above
-it is what those cost; no suite that keeps the contract's durable steps costs less.
+masking, no near-miss report, no selector. Its sink is a stock aiosmtpd ``SMTP``, which
+inspects the protocol and handler at every connection (pytest-mailbox's sink does that
+once per class): a lower bound for a suite on that sink, not for every design
+(docs/performance.md, "Correction").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ opens one) and waits for it. Only the fixture that receives the mail differs:
 
 - ``bare``: a session-scoped bare aiosmtpd sink appending to a list; no isolation;
 - ``floor``: the bare sink plus the five durable writes of a mailbox per test, and nothing
-  else (``benchmarks/floor.py``): what no suite that keeps the contract can go below;
+  else (``benchmarks/floor.py``): the contract's floor on a stock aiosmtpd sink;
 - ``smtpdfix``: smtpdfix's function-scoped ``smtpd`` fixture (a new server per test);
 - ``mailbox``: pytest-mailbox's ``isolated_mailbox``: reserve, wait, claim, ack, receipt.
 """
