@@ -78,18 +78,25 @@ class StoreHandler(ListHandler):
 
 
 class Floor(NamedTuple):
-    sink: ListSink
+    sink: ListSink | None  # None: the store alone (``start_store``)
     conn: sqlite3.Connection
     numbers: Iterator[int]
 
 
 def start(path: Path) -> Floor:
+    """The store at ``path``, and its sink, started."""
+    found = start_store(path)
+    sink = ListSink()
+    sink.handler = StoreHandler(path)
+    return found._replace(sink=sink.start())
+
+
+def start_store(path: Path) -> Floor:
+    """The store at ``path`` alone, without a sink (the sequence benchmark)."""
     conn = connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
-    sink = ListSink()
-    sink.handler = StoreHandler(path)
-    return Floor(sink.start(), conn, itertools.count(1))
+    return Floor(None, conn, itertools.count(1))
 
 
 def reserve(floor: Floor) -> tuple[str, int]:

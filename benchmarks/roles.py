@@ -10,19 +10,22 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import floor
 from benchmarks.clients import emit, role_command
 from benchmarks.smtp import DOMAIN, SENDER, ListSink, mail
-from pytest_mailbox.contract import EmailContract
+from pytest_mailbox.contract import EmailContract, dump_receipt
 from pytest_mailbox.mailbox import Mailbox
 from pytest_mailbox.sink import MailSink, Signal
 from pytest_mailbox.store import Delivery, Store
@@ -324,6 +327,68 @@ def costs(store_path: str, count: int) -> None:
     emit(accept_cpu=accept, deliver_cpu=deliver)
 
 
+def sequence(directory: str, count: int, rounds: int) -> None:
+    """CPU per test of what each suite's tests do with their store, and the wall time of
+    each step, in one thread, no SMTP: pytest-mailbox's (reserve; the sink's parse, commit
+    and notify; ``wait_for`` and its claim; ack; close, with the receipt its fixture writes
+    to the report) and the floor suite's five writes (``benchmarks/floor.py``). The two
+    take turns, ``count`` tests each per round. This is the part of a test's cost that the
+    suites' wall times cannot tell apart from the machine's noise."""
+    base = Path(directory)
+    base.mkdir(parents=True, exist_ok=True)
+    store = Store(base / "mailbox.sqlite3")
+    sink = MailSink(store, domains=[DOMAIN], name="sequence")  # never started: accept() only
+    least = floor.start_store(base / "floor.sqlite3")
+    sink_side = floor.connect(base / "floor.sqlite3")  # the floor sink's own connection
+
+    def mailbox_test(subject: str) -> Iterator[str]:
+        box = Mailbox.reserve(store, contract=CONTRACT, domain=DOMAIN, signal=sink.signal)
+        yield "reserve"
+        deliver(sink, box, subject)
+        yield "deliver"
+        claimed = box.wait_for(subject=subject, timeout=5)
+        yield "wait_for (claim)"
+        claimed.ack()
+        yield "ack"
+        dump_receipt(box.close(success=True))
+        yield "close + receipt"
+
+    def floor_test(subject: str) -> Iterator[str]:
+        alias, fence = floor.reserve(least)
+        yield "reserve"
+        floor.write(sink_side, "INSERT INTO mails (box, state) VALUES (?, 'waiting')", (alias,))
+        yield "deliver"
+        floor.claim_and_ack(least, alias, fence)
+        yield "claim + ack"
+        floor.release(least, alias)
+        yield "release"
+
+    tests = {"mailbox": mailbox_test, "floor": floor_test}
+    spent: dict[str, dict[str, list[float]]] = {kind: {"cpu": []} for kind in tests}
+    for r in range(rounds):
+        for kind in list(tests) if r % 2 == 0 else list(tests)[::-1]:
+            for i in range(max(20, count // 10)):  # warm-up: caches, statements, pages
+                for _ in tests[kind](f"warm {r} {i}"):
+                    pass
+            steps: dict[str, float] = {}
+            cpu = time.process_time()  # all threads: the store's checkpoints too
+            for i in range(count):
+                start = time.perf_counter()
+                for step in tests[kind](f"sequence {r} {i}"):
+                    now = time.perf_counter()
+                    steps[step] = steps.get(step, 0.0) + now - start
+                    start = now
+            spent[kind]["cpu"].append((time.process_time() - cpu) / count)
+            for step, total in steps.items():
+                spent[kind].setdefault(step, []).append(total / count)
+    emit(
+        **{
+            kind: {step: statistics.median(v) for step, v in by.items()}
+            for kind, by in spent.items()
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="roles.py")
     roles = parser.add_subparsers(dest="role", required=True)
@@ -345,6 +410,10 @@ def main(argv: list[str] | None = None) -> None:
     p = roles.add_parser("costs")
     p.add_argument("--store", required=True)
     p.add_argument("--count", type=int, required=True)
+    p = roles.add_parser("sequence")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args(argv)
     if args.role == "server":
         server(args.kind, args.store, args.mailboxes)
@@ -352,8 +421,10 @@ def main(argv: list[str] | None = None) -> None:
         waiter(args.mode, args.store, args.port, args.count, args.warmup)
     elif args.role == "claims":
         claims(args.store, args.stored, args.samples, args.warmup)
-    else:
+    elif args.role == "costs":
         costs(args.store, args.count)
+    else:
+        sequence(args.dir, args.count, args.rounds)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,13 @@ class Plan:
     claims: int  # claim samples per store size
     rss: int  # mails ingested for the RSS figure
     tests: int  # tests in the generated suite
+    sequence: int  # tests' store sequences per round, timed in one thread
 
 
 PLANS = {
-    "full": Plan("full", 5_000, 3, 1_000, (0, 10_000, 100_000), 300, 100_000, 1_000),
-    "quick": Plan("quick", 300, 1, 200, (0, 10_000), 40, 600, 50),
-    "smoke": Plan("smoke", 30, 1, 5, (0, 100), 3, 50, 2),
+    "full": Plan("full", 5_000, 3, 1_000, (0, 10_000, 100_000), 300, 100_000, 1_000, 2_000),
+    "quick": Plan("quick", 300, 1, 200, (0, 10_000), 40, 600, 50, 300),
+    "smoke": Plan("smoke", 30, 1, 5, (0, 100), 3, 50, 2, 5),
 }
 
 
@@ -394,6 +395,10 @@ SUITE_NAMES = {
     "smtpdfix": "smtpdfix `smtpd` (a server per test)",
     "mailbox": "pytest-mailbox `isolated_mailbox` (claim + ack + receipt)",
 }
+SEQUENCE_NAMES = {
+    "floor": "the floor's five writes",
+    "mailbox": "pytest-mailbox (reserve, delivery, claim, ack, release, receipt)",
+}
 
 
 def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
@@ -477,6 +482,29 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
                 f"{spent(kind, 'cpu_ms'):.2f} ms; one instrumented run",
             )
         )
+    # What a test does with its store, without SMTP or pytest: in one thread, the two
+    # sequences taking turns, steady where the suites' wall times are not.
+    found = role_json(
+        "sequence", "--dir", tmp / "sequence", "--count", plan.sequence, "--rounds", plan.rounds
+    )
+    cpu = {kind: found[kind].pop("cpu") for kind in ("floor", "mailbox")}
+    for kind in ("floor", "mailbox"):
+        steps = "; ".join(f"{step} {wall * 1e6:.0f}" for step, wall in found[kind].items())
+        out.rows.append(
+            Row(
+                "Per-test cost",
+                f"CPU per test, a test's store work alone: {SEQUENCE_NAMES[kind]}",
+                "µs",
+                cpu[kind] * 1e6,
+                ratio=ratio(cpu[kind], cpu["floor"]),
+                baseline="the floor's five writes",
+                detail=(
+                    f"{plan.sequence:,} tests × {plan.rounds} round(s), in one thread, no SMTP "
+                    f"(the CPU of all threads); wall time by step, µs: {steps}"
+                ),
+            )
+        )
+    store_work = (cpu["mailbox"] - cpu["floor"]) * 1e3
     mine = median(walls["mailbox"])
     got = ratio(mine, base) or 0.0
     least = median(walls["floor"])
@@ -488,7 +516,9 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
             f"{(mine - base) / plan.tests * 1e3:+.2f} ms per test; CPU "
             f"{(median(cpus['mailbox']) - base_cpu) / plan.tests * 1e3:+.2f} ms per test; "
             f"the floor (five durable writes and a pydantic contract, nothing else): "
-            f"{ratio(least, base) or 0.0:.2f}×",
+            f"{ratio(least, base) or 0.0:.2f}×; pytest-mailbox's store work alone: "
+            f"{store_work:+.2f} ms of CPU per test over the floor's, "
+            f"{store_work / (base / plan.tests * 1e3):.2f}× the bare suite's time per test",
         )
     )
     if "smtpdfix" in walls:

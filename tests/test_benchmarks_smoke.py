@@ -177,3 +177,13 @@ def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_be
     target = next(t for t in results["targets"] if "≤ 1.2× bare list sink" in t["text"])
     floor = r"the floor \(five durable writes and a pydantic contract, nothing else\): \d+\.\d\d×"
     assert re.search(floor, target["note"])
+    # A test's store work alone, beside the floor's, step by step; and its share in the note.
+    alone = [row for row in results["rows"] if "a test's store work alone" in row["name"]]
+    assert [row["baseline"] for row in alone] == ["the floor's five writes"] * 2
+    floor_steps = r"reserve \d+; deliver \d+; claim \+ ack \d+; release \d+$"
+    assert re.search(floor_steps, alone[0]["detail"])
+    steps = r"reserve \d+; deliver \d+; wait_for \(claim\) \d+; ack \d+; close \+ receipt \d+$"
+    assert re.search(steps, alone[1]["detail"])
+    assert alone[0]["ratio"] == 1.0
+    store_work = r"store work alone: [+-]\d+\.\d\d ms of CPU per test over the floor's"
+    assert re.search(store_work, target["note"])
