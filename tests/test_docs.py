@@ -1,0 +1,63 @@
+"""The code the docs show is the code the suite runs.
+
+The recipes and the first test of getting-started are shown in the docs and run from
+``docs/examples``. A change to either side alone would leave a reader copying code that no
+test runs any more: every Python block of those pages must be found, line by line and in
+order, in the example file the page links to (a block may leave out lines, such as a
+docstring, but not change or reorder one).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+#: The pages whose every Python block is an excerpt of an example the suite runs.
+EXCERPTS = ("recipes.md",)
+#: Pages of which only some blocks are excerpts: (page, position of the block).
+SOME = (("getting-started.md", 0),)
+
+
+def blocks(page: str) -> list[str]:
+    return BLOCK.findall((DOCS / page).read_text(encoding="utf-8"))
+
+
+def lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def is_excerpt(block: str, source: str) -> bool:
+    """Every non-blank line of ``block`` is a line of ``source``, in the same order."""
+    remaining = iter(lines(source))
+    return all(any(line == candidate for candidate in remaining) for line in lines(block))
+
+
+def excerpted() -> list[tuple[str, int, str]]:
+    found = [(page, i, block) for page in EXCERPTS for i, block in enumerate(blocks(page))]
+    found += [(page, i, blocks(page)[i]) for page, i in SOME]
+    return found
+
+
+EXAMPLES = sorted((DOCS / "examples").rglob("*.py"))
+
+
+@pytest.mark.parametrize(("page", "index", "block"), excerpted(), ids=lambda v: str(v)[:24])
+def test_every_block_is_an_excerpt_of_an_example_the_suite_runs(
+    page: str, index: int, block: str
+) -> None:
+    sources = [path for path in EXAMPLES if is_excerpt(block, path.read_text(encoding="utf-8"))]
+    assert sources, (
+        f"docs/{page}, Python block {index + 1}: no file under docs/examples holds it. "
+        "Change the example and the page together."
+    )
+
+
+def test_a_changed_or_reordered_line_is_not_an_excerpt() -> None:
+    source = "def f():\n    '''Doc.'''\n    a = 1\n\n    b = 2\n    return a + b\n"
+    assert is_excerpt("def f():\n    a = 1\n    b = 2\n", source)  # a docstring left out
+    assert not is_excerpt("def f():\n    a = 2\n", source)  # a changed line
+    assert not is_excerpt("def f():\n    b = 2\n    a = 1\n", source)  # reordered
