@@ -77,29 +77,38 @@ class StoreHandler(ListHandler):
         return await super().handle_DATA(server, session, envelope)
 
 
+class Writes(NamedTuple):
+    """The store: the connection the tests write on, and the fences they take."""
+
+    conn: sqlite3.Connection
+    numbers: Iterator[int]
+
+
 class Floor(NamedTuple):
-    sink: ListSink | None  # None: the store alone (``start_store``)
+    """The store and its sink, started: what the floor suite's session fixture holds."""
+
+    sink: ListSink
     conn: sqlite3.Connection
     numbers: Iterator[int]
 
 
 def start(path: Path) -> Floor:
     """The store at ``path``, and its sink, started."""
-    found = start_store(path)
+    writes = open_store(path)
     sink = ListSink()
     sink.handler = StoreHandler(path)
-    return found._replace(sink=sink.start())
+    return Floor(sink.start(), *writes)
 
 
-def start_store(path: Path) -> Floor:
+def open_store(path: Path) -> Writes:
     """The store at ``path`` alone, without a sink (the sequence benchmark)."""
     conn = connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
-    return Floor(None, conn, itertools.count(1))
+    return Writes(conn, itertools.count(1))
 
 
-def reserve(floor: Floor) -> tuple[str, int]:
+def reserve(floor: Floor | Writes) -> tuple[str, int]:
     """A reserved alias and its fence."""
     number = next(floor.numbers)
     alias = f"{Contract().purpose}-{number}@mailbox.test"
@@ -107,7 +116,7 @@ def reserve(floor: Floor) -> tuple[str, int]:
     return alias, number
 
 
-def claim_and_ack(floor: Floor, alias: str, fence: int) -> None:
+def claim_and_ack(floor: Floor | Writes, alias: str, fence: int) -> None:
     (row,) = write(
         floor.conn,
         "UPDATE mails SET state = 'claimed', fence = ? WHERE box = ? AND state = 'waiting'"
@@ -121,5 +130,5 @@ def claim_and_ack(floor: Floor, alias: str, fence: int) -> None:
     )
 
 
-def release(floor: Floor, alias: str) -> None:
+def release(floor: Floor | Writes, alias: str) -> None:
     write(floor.conn, "UPDATE boxes SET state = 'released' WHERE alias = ?", (alias,))

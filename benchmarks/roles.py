@@ -338,7 +338,7 @@ def sequence(directory: str, count: int, rounds: int) -> None:
     base.mkdir(parents=True, exist_ok=True)
     store = Store(base / "mailbox.sqlite3")
     sink = MailSink(store, domains=[DOMAIN], name="sequence")  # never started: accept() only
-    least = floor.start_store(base / "floor.sqlite3")
+    least = floor.open_store(base / "floor.sqlite3")
     sink_side = floor.connect(base / "floor.sqlite3")  # the floor sink's own connection
 
     def mailbox_test(subject: str) -> Iterator[str]:
@@ -365,22 +365,27 @@ def sequence(directory: str, count: int, rounds: int) -> None:
 
     tests = {"mailbox": mailbox_test, "floor": floor_test}
     spent: dict[str, dict[str, list[float]]] = {kind: {"cpu": []} for kind in tests}
-    for r in range(rounds):
-        for kind in list(tests) if r % 2 == 0 else list(tests)[::-1]:
-            for i in range(max(20, count // 10)):  # warm-up: caches, statements, pages
-                for _ in tests[kind](f"warm {r} {i}"):
-                    pass
-            steps: dict[str, float] = {}
-            cpu = time.process_time()  # all threads: the store's checkpoints too
-            for i in range(count):
-                start = time.perf_counter()
-                for step in tests[kind](f"sequence {r} {i}"):
-                    now = time.perf_counter()
-                    steps[step] = steps.get(step, 0.0) + now - start
-                    start = now
-            spent[kind]["cpu"].append((time.process_time() - cpu) / count)
-            for step, total in steps.items():
-                spent[kind].setdefault(step, []).append(total / count)
+    try:
+        for r in range(rounds):
+            for kind in list(tests) if r % 2 == 0 else list(tests)[::-1]:
+                for i in range(max(20, count // 10)):  # warm-up: caches, statements, pages
+                    for _ in tests[kind](f"warm {r} {i}"):
+                        pass
+                steps: dict[str, float] = {}
+                cpu = time.process_time()  # all threads: the store's checkpoints too
+                for i in range(count):
+                    start = time.perf_counter()
+                    for step in tests[kind](f"sequence {r} {i}"):
+                        now = time.perf_counter()
+                        steps[step] = steps.get(step, 0.0) + now - start
+                        start = now
+                spent[kind]["cpu"].append((time.process_time() - cpu) / count)
+                for step, total in steps.items():
+                    spent[kind].setdefault(step, []).append(total / count)
+    finally:
+        store.close()
+        least.conn.close()
+        sink_side.close()
     emit(
         **{
             kind: {step: statistics.median(v) for step, v in by.items()}

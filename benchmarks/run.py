@@ -487,7 +487,7 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
     found = role_json(
         "sequence", "--dir", tmp / "sequence", "--count", plan.sequence, "--rounds", plan.rounds
     )
-    cpu = {kind: found[kind].pop("cpu") for kind in ("floor", "mailbox")}
+    alone = {kind: found[kind].pop("cpu") for kind in ("floor", "mailbox")}
     for kind in ("floor", "mailbox"):
         steps = "; ".join(f"{step} {wall * 1e6:.0f}" for step, wall in found[kind].items())
         out.rows.append(
@@ -495,8 +495,8 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
                 "Per-test cost",
                 f"CPU per test, a test's store work alone: {SEQUENCE_NAMES[kind]}",
                 "µs",
-                cpu[kind] * 1e6,
-                ratio=ratio(cpu[kind], cpu["floor"]),
+                alone[kind] * 1e6,
+                ratio=ratio(alone[kind], alone["floor"]),
                 baseline="the floor's five writes",
                 detail=(
                     f"{plan.sequence:,} tests × {plan.rounds} round(s), in one thread, no SMTP "
@@ -504,7 +504,7 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
                 ),
             )
         )
-    store_work = (cpu["mailbox"] - cpu["floor"]) * 1e3
+    store_work = (alone["mailbox"] - alone["floor"]) * 1e3
     mine = median(walls["mailbox"])
     got = ratio(mine, base) or 0.0
     least = median(walls["floor"])

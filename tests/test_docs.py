@@ -3,7 +3,7 @@
 The recipes and the first test of getting-started are shown in the docs and run from
 ``docs/examples``. A change to either side alone would leave a reader copying code that no
 test runs any more: every Python block of those pages must be found, line by line and in
-order, in the example file the page links to (a block may leave out lines, such as a
+order, in one file under ``docs/examples`` (a block may leave out lines, such as a
 docstring, but not change or reorder one).
 """
 
@@ -36,16 +36,16 @@ def is_excerpt(block: str, source: str) -> bool:
     return all(any(line == candidate for candidate in remaining) for line in lines(block))
 
 
-def excerpted() -> list[tuple[str, int, str]]:
+def excerpted() -> list[pytest.ParameterSet]:
     found = [(page, i, block) for page in EXCERPTS for i, block in enumerate(blocks(page))]
     found += [(page, i, blocks(page)[i]) for page, i in SOME]
-    return found
+    return [pytest.param(*case, id=f"{case[0]}-block{case[1] + 1}") for case in found]
 
 
 EXAMPLES = sorted((DOCS / "examples").rglob("*.py"))
 
 
-@pytest.mark.parametrize(("page", "index", "block"), excerpted(), ids=lambda v: str(v)[:24])
+@pytest.mark.parametrize(("page", "index", "block"), excerpted())
 def test_every_block_is_an_excerpt_of_an_example_the_suite_runs(
     page: str, index: int, block: str
 ) -> None:
@@ -54,6 +54,15 @@ def test_every_block_is_an_excerpt_of_an_example_the_suite_runs(
         f"docs/{page}, Python block {index + 1}: no file under docs/examples holds it. "
         "Change the example and the page together."
     )
+
+
+@pytest.mark.parametrize("page", [*EXCERPTS, *(page for page, _ in SOME)])
+def test_every_python_fence_of_those_pages_is_checked(page: str) -> None:
+    """A block fenced otherwise (```py, ```python3, indented in a list) would be skipped."""
+    fences = re.findall(
+        r"^[ \t]*```[ \t]*py", (DOCS / page).read_text(encoding="utf-8"), re.MULTILINE
+    )
+    assert len(fences) == len(blocks(page))
 
 
 def test_a_changed_or_reordered_line_is_not_an_excerpt() -> None:
