@@ -59,6 +59,11 @@ def write(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> l
         conn.execute("COMMIT")
 
 
+def deliver(conn: sqlite3.Connection, alias: str) -> None:
+    """The sink's durable write: the mail, waiting in ``alias``'s box."""
+    write(conn, "INSERT INTO mails (box, state) VALUES (?, 'waiting')", (alias,))
+
+
 class StoreHandler(ListHandler):
     """The bare list sink, committing each message to the store before its ``250``."""
 
@@ -69,11 +74,7 @@ class StoreHandler(ListHandler):
     async def handle_DATA(  # noqa: N802 - aiosmtpd hook name
         self, server: SMTP, session: Session, envelope: Envelope
     ) -> str:
-        write(
-            self.conn,
-            "INSERT INTO mails (box, state) VALUES (?, 'waiting')",
-            (envelope.rcpt_tos[0],),
-        )
+        deliver(self.conn, envelope.rcpt_tos[0])
         return await super().handle_DATA(server, session, envelope)
 
 

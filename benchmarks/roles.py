@@ -356,7 +356,7 @@ def sequence(directory: str, count: int, rounds: int) -> None:
     def floor_test(subject: str) -> Iterator[str]:
         alias, fence = floor.reserve(least)
         yield "reserve"
-        floor.write(sink_side, "INSERT INTO mails (box, state) VALUES (?, 'waiting')", (alias,))
+        floor.deliver(sink_side, alias)
         yield "deliver"
         floor.claim_and_ack(least, alias, fence)
         yield "claim + ack"
