@@ -364,7 +364,8 @@ def sequence(directory: str, count: int, rounds: int) -> None:
         yield "release"
 
     tests = {"mailbox": mailbox_test, "floor": floor_test}
-    spent: dict[str, dict[str, list[float]]] = {kind: {"cpu": []} for kind in tests}
+    cpus: dict[str, list[float]] = {kind: [] for kind in tests}
+    spent: dict[str, dict[str, list[float]]] = {kind: {} for kind in tests}
     try:
         for r in range(rounds):
             for kind in list(tests) if r % 2 == 0 else list(tests)[::-1]:
@@ -379,7 +380,7 @@ def sequence(directory: str, count: int, rounds: int) -> None:
                         now = time.perf_counter()
                         steps[step] = steps.get(step, 0.0) + now - start
                         start = now
-                spent[kind]["cpu"].append((time.process_time() - cpu) / count)
+                cpus[kind].append((time.process_time() - cpu) / count)
                 for step, total in steps.items():
                     spent[kind].setdefault(step, []).append(total / count)
     finally:
@@ -388,8 +389,11 @@ def sequence(directory: str, count: int, rounds: int) -> None:
         sink_side.close()
     emit(
         **{
-            kind: {step: statistics.median(v) for step, v in by.items()}
-            for kind, by in spent.items()
+            kind: {
+                "cpu": statistics.median(cpus[kind]),
+                "steps": {step: statistics.median(v) for step, v in spent[kind].items()},
+            }
+            for kind in tests
         }
     )
 

@@ -487,9 +487,9 @@ def bench_suites(plan: Plan, tmp: Path, out: Results) -> None:
     found = role_json(
         "sequence", "--dir", tmp / "sequence", "--count", plan.sequence, "--rounds", plan.rounds
     )
-    alone = {kind: found[kind].pop("cpu") for kind in ("floor", "mailbox")}
+    alone = {kind: found[kind]["cpu"] for kind in ("floor", "mailbox")}
     for kind in ("floor", "mailbox"):
-        steps = "; ".join(f"{step} {wall * 1e6:.0f}" for step, wall in found[kind].items())
+        steps = "; ".join(f"{step} {t * 1e6:.0f}" for step, t in found[kind]["steps"].items())
         out.rows.append(
             Row(
                 "Per-test cost",
