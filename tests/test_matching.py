@@ -823,6 +823,63 @@ def test_errors_mask_an_extracted_code_a_selector_looks_for(
     assert "body does not contain '••••••WB'" in str(timed_out.value)
 
 
+def test_errors_redact_links_tokens_and_codes_in_subjects_nobody_extracted(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # Nothing was extracted: no digest or memory masks these, only what they look like.
+    token = "Hq3mV8sLx2Rt7Wk9Pz4N"
+    to = isolated_mailbox.address
+    send(mailbox_server, mail(to, f"Sign in: https://app.example.test/verify?token={token}"))
+    send(mailbox_server, mail(to, f"Your magic token {token}"))
+    send(mailbox_server, mail(to, "認証コードはA7K9Q2です"))
+
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=0.1)
+    with pytest.raises(AmbiguousMatch) as ambiguous:
+        isolated_mailbox.wait_for(timeout=0.1)
+    with pytest.raises(UnexpectedMessage) as unexpected:
+        isolated_mailbox.expect_none(within=0, subject_contains="Sign in")
+
+    for caught in (timed_out, ambiguous, unexpected):
+        assert token not in str(caught.value)
+        assert "A7K9Q2" not in str(caught.value)
+    shown = [
+        "'Sign in: https://app.example.test/…?token=…'",
+        "'Your magic token ••••••••••••••••••4N'",
+        "'認証コードは••••Q2です'",
+    ]
+    for subject in shown:
+        assert subject in str(timed_out.value)
+        assert subject in str(ambiguous.value)
+    assert shown[0] in str(unexpected.value)
+
+
+def test_the_receipt_masks_what_the_run_extracted_inside_a_word_and_a_link_whole(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    link = "https://app.example.test/verify?token=Wm4Kx9Rq2Lp7Tz3V"
+    to = isolated_mailbox.address
+    send(mailbox_server, mail(to, f"Sign in: {link}", text=f"Open {link}\n"))
+    send(mailbox_server, mail(to, "認証コードはQXKZTRです", text="コード: QXKZTR\n"))
+    send(mailbox_server, mail(to, "Login code_PLMQWZ", text="code_PLMQWZ\n"))
+    assert isolated_mailbox.wait_for(subject_contains="Sign in", timeout=5).link() == link
+    glued = isolated_mailbox.wait_for(subject_contains="認証", timeout=5)
+    assert glued.code(pattern=r"コード: (\w+)") == "QXKZTR"
+    underscored = isolated_mailbox.wait_for(subject_contains="Login", timeout=5)
+    assert underscored.code(pattern=r"code_(\w+)") == "PLMQWZ"
+
+    receipt = isolated_mailbox.receipt()
+
+    for secret in ("Wm4Kx9Rq2Lp7Tz3V", "QXKZTR", "PLMQWZ"):
+        assert secret not in dump_receipt(receipt)
+    assert [m.subject for m in receipt.messages] == [
+        "Sign in: https://app.example.test/…?token=…",
+        "認証コードは••••TRです",
+        "Login code_••••WZ",
+    ]
+    assert "QXKZTR" not in repr(glued)
+
+
 def test_errors_and_the_timeline_mask_an_extracted_secret_inside_a_pattern_or_a_link(
     mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
 ) -> None:

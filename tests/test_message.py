@@ -32,6 +32,7 @@ from pytest_mailbox.message import (
     index,
     mask_copied,
     mask_secrets,
+    mask_subject,
     redact_url,
     remember_extracted,
 )
@@ -873,7 +874,7 @@ def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
         ("code:415926.", "code:••••26."),
         ("Order #20261203 shipped", "Order #••••••03 shipped"),
         ("PIN 1234, valid 10 min", "PIN ••34, valid 10 min"),
-        ("r-44b17272f90f98a", "r-44b17272f90f98a"),  # an id: its digits stay
+        ("r-44b17272f90f98a3", "r-44b17272f90f98a3"),  # an id: its digits stay
         ("m-4417272f90f9", "m-4417272f90f9"),
         ("run r-7a250cc8c22b78a8 ok", "run r-7a250cc8c22b78a8 ok"),
         ("認証コードは482913です", "認証コードは••••13です"),  # no spaces in the sentence
@@ -916,11 +917,50 @@ def test_dates_and_times_keep_their_digits(text: str) -> None:
         ("'SpringPromo2026Launch'", "'SpringPromo••26Launch'"),
         ("sender='Billing-Notices2025@shop.example'", "sender='Billing-Notices••25@shop.example'"),
         ("'VerifyYourAccountNow'", "'VerifyYourAccountNow'"),
-        ("header=('X-Run-Id', 'r-44b17272f90f98a')", "header=('X-Run-Id', 'r-44b17272f90f98a')"),
+        ("header=('X-Run-Id', 'r-44b17272f90f98a3')", "header=('X-Run-Id', 'r-44b17272f90f98a3')"),
     ],
 )
 def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: str) -> None:
     assert mask_copied(text) == masked
+
+
+@pytest.mark.parametrize(
+    ("subject", "masked"),
+    [
+        (
+            "Sign in: https://app.example.test/v?token=Zq8xK2",
+            "Sign in: https://app.example.test/…?token=…",
+        ),
+        ("Your token Zq8xK2pLmN4vB7cR9tYw", "Your token ••••••••••••••••••Yw"),
+        ("Code A7K9Q2 inside", "Code ••••Q2 inside"),
+        ("認証コードはA7K9Q2です", "認証コードは••••Q2です"),  # another script touches it
+        ("Order 415926 shipped 2026-12-03", "Order ••••26 shipped 2026-12-03"),
+        # words, names and versions: capitals alone, one digit, lower case, too short
+        ("URGENT: verify your account", "URGENT: verify your account"),
+        ("MP3, H2O, B2B and Win10X", "MP3, H2O, B2B and Win10X"),
+        ("Upgrade to PRO2 or iPhone15", "Upgrade to PRO2 or iPhone15"),
+    ],
+)
+def test_a_subject_shows_no_link_token_or_code(subject: str, masked: str) -> None:
+    assert mask_subject(subject) == masked
+
+
+def test_a_subject_masks_what_its_mailbox_extracted_even_inside_a_word() -> None:
+    values = {"QXKZTR", "415926", "PIN"}  # a value of three: a whole word only, if recorded
+    assert mask_subject("コードはQXKZTRです, code_QXKZTR", values=values) == (
+        "コードは••••TRです, code_••••TR"
+    )
+    # In an id (several digit runs, which keep their digits), where no digit touches it
+    assert mask_subject("ref x415926y2, ref x4159267y2", values=values) == (
+        "ref x••••26y2, ref x4159267y2"
+    )
+    assert mask_subject("A PINE tree", values=values) == "A PINE tree"
+
+
+def test_a_messages_repr_masks_its_subject_before_cutting_it() -> None:
+    token = "Zq8xK2pLmN4vB7cR9tYw"
+    raw = f"Subject: {'Please confirm your new address now, ' * 2}{token}\r\n\r\nHi\r\n".encode()
+    assert token[:8] not in repr(Message(raw))
 
 
 def test_a_code_beside_a_date_is_still_masked() -> None:

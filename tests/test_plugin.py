@@ -872,6 +872,66 @@ def test_no_secret_reaches_any_output(pytester: pytest.Pytester, workers: str) -
         assert len(kinds["code"].sha256) == 64
 
 
+SUBJECT_SUITE = """
+LINK = "https://app.example.test/verify?token=Jx7Lm2Qv9Rk4Tw8Z"
+
+
+def test_extracts_from_subjects(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject=f"Sign in: {LINK}", body=f"Open {LINK}")
+    send(isolated_mailbox.address, subject="認証コードはQXKZTRです", body="コード: QXKZTR")
+    assert isolated_mailbox.wait_for(subject_contains="Sign in").link() == LINK
+    glued = isolated_mailbox.wait_for(subject_contains="認証")
+    assert glued.code(pattern=r"コード: (\\w+)") == "QXKZTR"
+
+
+def test_extracts_nothing(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject="Your code A7K9Q2, token Hq3mV8sLx2Rt7Wk9Pz4N")
+    isolated_mailbox.wait_for(subject_contains="Your code").ack()
+
+
+def test_fails_on_the_links_it_listed(isolated_mailbox, send):
+    body = "Open https://app.example.test/reset?token=Nq5Vb8Xw3Kc6Pd2M"
+    body += " or read https://app.example.test/help"
+    send(isolated_mailbox.address, body=body)
+    links = isolated_mailbox.wait_for().links()
+    assert "https://app.example.test/welcome" in links
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_subjects_and_listed_links_show_no_token_or_code(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_subjects=SUBJECT_SUITE)
+    result = pytester.runpytest(
+        "-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, failed=1)
+    outputs = {
+        "terminal": "\n".join(result.outlines + result.errlines),
+        "junit": (pytester.path / "junit.xml").read_text(),
+        "jsonl": (pytester.path / "receipts.jsonl").read_text(),
+    }
+    secrets = ("Jx7Lm2Qv9Rk4Tw8Z", "QXKZTR", "A7K9Q2", "Hq3mV8sLx2Rt7Wk9Pz4N", "Nq5Vb8Xw3Kc6Pd2M")
+    for name, text in outputs.items():
+        for secret in secrets:
+            assert secret not in text, (name, secret)
+    subjects = {
+        receipt.nodeid.partition("::")[2]: [m.subject for m in receipt.messages]
+        for receipt in read_receipts(pytester.path / "receipts.jsonl")
+    }
+    assert subjects["test_extracts_from_subjects"] == [
+        "Sign in: https://app.example.test/…?token=…",
+        "認証コードは••••TRです",
+    ]
+    assert subjects["test_extracts_nothing"] == ["Your code ••••Q2, token ••••••••••••••••••4N"]
+    # The listed links: the token masked in the failure, the rest of them readable.
+    result.stdout.fnmatch_lines(
+        ["*'https://app.example.test/reset?token=••••••••••••••2M', *app.example.test/help'*"]
+    )
+
+
 MASKED_SUITE = """
 import logging
 

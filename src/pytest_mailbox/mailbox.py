@@ -53,6 +53,7 @@ from pytest_mailbox.message import (
     mask_extracted,
     mask_recorded,
     mask_secrets,
+    mask_subject,
     remember_extracted,
 )
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
@@ -609,8 +610,9 @@ class Mailbox:
         return Recorded.of(self.store.secrets(self.mailbox_id), self.store.digest)
 
     def _subject(self, row: MessageRow) -> str:
-        """A subject fit for an error message: digit runs and extracted secrets masked."""
-        return mask_secrets(row.subject, self._digests())
+        """A subject fit for an error message: links, tokens, codes and what this run
+        extracted masked (``mask_subject``)."""
+        return mask_subject(row.subject, self._digests(), self._extracted)
 
     def _unleaked(self, text: str) -> str:
         """An error text with every secret this run extracted masked, wherever it shows:
@@ -889,7 +891,7 @@ class Mailbox:
             MessageReceipt(
                 message_id=m.message_id,
                 received_at=utc(m.received_at),
-                subject=mask_secrets(m.subject, digests),
+                subject=mask_subject(m.subject, digests, self._extracted),
                 state=m.state,
                 fence=m.fence,
                 claimed_at=utc(m.claimed_at) if m.claimed_at else None,
@@ -922,7 +924,7 @@ class Mailbox:
                     at=utc(e["at"]),
                     status=e["status"],
                     # A selector may hold a secret the run extracted later: masked here too.
-                    detail=mask_secrets(e["detail"], digests)
+                    detail=mask_subject(e["detail"], digests, self._extracted)
                     if e["status"] == Status.WAITING.value
                     else e["detail"],
                 )

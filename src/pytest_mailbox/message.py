@@ -19,7 +19,7 @@ from email.policy import EmailPolicy
 from functools import cached_property, lru_cache
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote, unquote_plus, urlsplit
+from urllib.parse import SplitResult, quote, unquote, unquote_plus, urlsplit
 
 from pytest_mailbox.contract import (
     SEARCH_LIMIT,
@@ -56,7 +56,7 @@ _WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
 #: What ``mask_secrets`` hides whatever it is: a run of four or more digits, as a code
 #: is ("code 415926", "認証コードは482913です", "code123456"), in a word (``[^\W_]+``);
 #: not the digits of an id, whose word mixes several digit runs with letters
-#: ("r-44b17272f90f98a"), nor those of a date or time (``when``): ISO 8601
+#: ("r-44b17272f90f98a3"), nor those of a date or time (``when``): ISO 8601
 #: (``2026-12-03T16:30:00.5Z``), ``03/12/2026``, ``2026/12/03``, a time with its seconds'
 #: fraction, and the year, time and offset of an RFC 5322 date (``3 Dec 2026 16:30 +0000``).
 _WHEN = (
@@ -72,12 +72,21 @@ _DIGITS = re.compile(r"\d{4,}")
 #: A word a token could be (``secrets.token_urlsafe``, ``token_hex``, a UUID), judged by
 #: ``_is_token``; not the local part of an address (``Billing-Notices2024@…``).
 _LONG_WORD = re.compile(r"(?<![\w-])[\w-]{16,}(?![\w@-])", re.ASCII)
+#: A code of capitals and digits, two of each at least (``A7K9Q2``, ``X4K2P``), as a
+#: subject may carry one: not a word of ASCII letters or digits on either side, though
+#: another script's may touch it (``コードはA7K9Q2です``). Capitals alone (``QXKZTR``)
+#: cannot be told from a word (``URGENT``): masked once extracted.
+_MIXED_CODE = re.compile(
+    r"(?<![A-Za-z0-9])(?=(?:[A-Z]*\d){2})(?=(?:\d*[A-Z]){2})[A-Z\d]{5,12}(?![A-Za-z0-9])"
+)
+#: A value its own mailbox extracted is masked inside a longer word from this length on.
+_MIN_INSIDE = 4
 _HEX = re.compile(r"[0-9A-Fa-f]+")
 _UNESCAPE = re.compile(r"\\+(.)")
 #: Capitalised words run together, with digits and dashes: a name, not a token.
 _CAMEL = re.compile(r"[a-z]*(?:[A-Z][a-z]{2,}|\d|[-_])+")
 _UUID = re.compile(r"[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
-#: The plugin's own ids keep their digits and letters: ``r-44b17272f90f98a``, ``mbx-…``.
+#: The plugin's own ids keep their digits and letters: ``r-44b17272f90f98a3``, ``mbx-…``.
 _OWN_ID = re.compile(r"(?:r|m|mbx|tc|mcp)-[0-9a-f-]+")
 #: What it hides when its digest is a recorded secret: a code or token, any length.
 _SECRET_WORD = re.compile(r"[\w\-.~%]+")
@@ -189,6 +198,24 @@ def mask_secrets(text: str, recorded: Recorded | None = None) -> str:
     return mask_recorded(_MASKABLE.sub(_mask_digit_runs, text), recorded)
 
 
+def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[str] = ()) -> str:
+    """A subject as receipts, errors and a message's repr show it, whoever extracted what:
+    links redacted (as ``redact_url`` does), words that look like tokens or like codes of
+    letters and digits (``A7K9Q2``) masked, then ``mask_secrets`` (runs of four or more
+    digits, ``recorded`` words). ``values`` (what its mailbox extracted, four characters or
+    more) are masked also inside a longer word (``認証コードはQXKZTRです``, ``code_QXKZTR``);
+    one of digits only, where no digit touches it."""
+    text = _URL_IN_TEXT.sub(_redacted_link, text)  # first: a link it extracted reads as one
+    for value in sorted({v for v in values if len(v) >= _MIN_INSIDE}, key=len, reverse=True):
+        if value.isdigit():
+            text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
+        else:
+            text = text.replace(value, _keep_length(value))
+    text = _LONG_WORD.sub(_masked_if_token, text)
+    text = _MIXED_CODE.sub(lambda match: _keep_length(match.group()), text)
+    return mask_secrets(text, recorded)
+
+
 def mask_copied(text: str) -> str:
     """Mask what a test may have copied from a message, or from its app, into a selector:
     links (redacted as ``redact_url`` does), words that look like tokens, digit runs, and
@@ -294,19 +321,9 @@ def _link_parts(link: str) -> tuple[set[str], set[str]]:
     look like secrets: ids, numbers and words (``/users/12345678``, ``spring2026``) are
     not, and a bare host is no secret at all (it would mask every other link)."""
     split = urlsplit(link)
-    raw = [*split.path.split("/")]
-    for pairs in (split.query, split.fragment):  # a fragment may hold a query (OAuth)
-        for pair in re.split("[&;]", pairs) if pairs else ():
-            raw.append(pair.partition("=")[2] if "=" in pair else pair)
     start = link.find(split.netloc) + len(split.netloc) if split.netloc else 0
-    own, shared = {link}, set()
-    for value in raw:
-        decoded = unquote_plus(value)
-        forms = {value, decoded, quote(decoded, safe="", errors="surrogatepass")}
-        if _secret_like(decoded):
-            shared |= forms
-        elif _token_for_its_test(decoded):
-            own |= forms
+    tokens, shared = _token_parts(split)
+    own = {link, *tokens}
     whole = {link[start:], quote(link, safe="", errors="surrogatepass")}
     if shared:
         shared |= whole
@@ -315,6 +332,36 @@ def _link_parts(link: str) -> tuple[set[str], set[str]]:
     if split.path.strip("/") or split.query or split.fragment:
         shared.add(link)
     return own, shared
+
+
+def _token_parts(split: SplitResult) -> tuple[set[str], set[str]]:
+    """(the parts of a link only its own test masks, those others may mask too): its
+    query values, path segments and fragment values, each as sent, decoded and encoded
+    again (see ``_link_parts``)."""
+    raw = [*split.path.split("/")]
+    for pairs in (split.query, split.fragment):  # a fragment may hold a query (OAuth)
+        for pair in re.split("[&;]", pairs) if pairs else ():
+            raw.append(pair.partition("=")[2] if "=" in pair else pair)
+    own: set[str] = set()
+    shared: set[str] = set()
+    for value in raw:
+        decoded = unquote_plus(value)
+        forms = {value, decoded, quote(decoded, safe="", errors="surrogatepass")}
+        if _secret_like(decoded):
+            shared |= forms
+        elif _token_for_its_test(decoded):
+            own |= forms
+    return own, shared
+
+
+def remember_listed(links: Iterable[str]) -> None:
+    """The parts of listed links (``msg.links()``) that may be their tokens, for the running
+    test's report to mask, as it masks those of an extracted link; not the links whole,
+    nor in other tests' reports: ``https://app.example.test/help`` stays readable, and a
+    newsletter's thirty links do not push extracted secrets out of ``_EXTRACTED``."""
+    for link in links:
+        own, shared = _token_parts(urlsplit(link))
+        TEST_EXTRACTED.update(own | shared)
 
 
 def _token_for_its_test(part: str) -> bool:
@@ -923,12 +970,12 @@ class Message:
         self._parsed_cache: _Parsed | None = None
 
     def __repr__(self) -> str:
-        subject = self.subject
+        # Masked before it is cut (a token cut short is still one), with what this process
+        # extracted lately: a repr may be printed anywhere.
+        subject = mask_extracted(mask_subject(self.subject))
         if len(subject) > _REPR_SUBJECT:
             subject = subject[: _REPR_SUBJECT - 3] + "..."
-        return (
-            f"<Message {self._label} from={self.sender or '-'} subject={mask_secrets(subject)!r}>"
-        )
+        return f"<Message {self._label} from={self.sender or '-'} subject={subject!r}>"
 
     # -- parsing ---------------------------------------------------------------------------
 
@@ -1034,7 +1081,12 @@ class Message:
         return tuple(found)
 
     def links(self) -> list[str]:
-        """Distinct http(s) links: those in the text body, then new ones from HTML ``<a href>``."""
+        """Distinct http(s) links: those in the text body, then new ones from HTML ``<a href>``.
+
+        The parts of them that may be tokens are masked in the running test's report, as
+        an extracted link's are; only ``link()`` records one in the receipt.
+        """
+        remember_listed(self._links)
         return list(self._links)
 
     def link(self, domain: str | None = None, *, path: str | None = None) -> str:
