@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import smtplib
 from collections.abc import Callable, Iterator
@@ -103,6 +104,38 @@ def test_a_timeout_shows_received_after_as_a_time_not_masked_digits(
     text = str(excinfo.value)
     assert shown in text
     assert "subject='Welcome ••26'" in text  # a value a test copied from mail stays masked
+
+
+@pytest.mark.parametrize(
+    ("after", "why"),
+    [
+        pytest.param(math.nan, "a POSIX timestamp is a finite number", id="nan"),
+        pytest.param(-math.inf, "a POSIX timestamp is a finite number", id="-inf"),
+        pytest.param(True, "a bool is no point in time", id="bool"),
+        pytest.param(
+            datetime(2026, 12, 3, 16, 30),  # no time zone: the point
+            "a datetime without a time zone is ambiguous; pass an aware one, such as "
+            "datetime.now(timezone.utc)",
+            id="naive-datetime",
+        ),
+        pytest.param("2026-12-03T16:30:00Z", "a str is no point in time", id="text"),
+    ],
+)
+def test_received_after_that_is_no_point_in_time_is_refused_not_read_as_any_time(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, after: object, why: str
+) -> None:
+    # NaN compared false with every time and let the mail before the checkpoint through.
+    send(mailbox_server, mail(isolated_mailbox.address))
+    isolated_mailbox.checkpoint()
+
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.wait_for(received_after=after, timeout=SHORT)
+
+    assert str(caught.value) == (
+        f"selector: received_after={after!r} is invalid: Value error, {why} (allowed: a "
+        "checkpoint(), a datetime with a time zone or a finite POSIX timestamp)"
+    )
+    assert "claimed" not in [event.status for event in isolated_mailbox.receipt().events]
 
 
 def test_explicit_received_after_selects_the_later_message(

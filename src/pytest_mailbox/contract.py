@@ -177,7 +177,7 @@ SELECTOR_FIELDS: dict[str, str] = {
     "header": "a (name, value) pair; the name without ':' or line breaks",
     "body_contains": "text the plain or HTML body contains",
     "body_regex": "a regular expression searched in the body",
-    "received_after": "a checkpoint(), a datetime or a POSIX timestamp",
+    "received_after": "a checkpoint(), a datetime with a time zone or a finite POSIX timestamp",
 }
 
 
@@ -194,6 +194,31 @@ class Selector(BaseModel):
     body_contains: str | None = None
     body_regex: str | None = None
     received_after: Checkpoint | datetime | float | None = None
+
+    @field_validator("received_after", mode="before")
+    @classmethod
+    def _one_instant(cls, value: object) -> object:
+        """A point in time as the sink's clock reads it. Refused: a bool (``True`` read as
+        1970), a number that is not finite (NaN let every older message through), a
+        datetime without a time zone (``datetime.utcnow()`` read as local time moves it by
+        hours) and text."""
+        if value is None or isinstance(value, Checkpoint):
+            return value
+        if isinstance(value, datetime):
+            if value.utcoffset() is None:
+                msg = (
+                    "a datetime without a time zone is ambiguous; pass an aware one, "
+                    "such as datetime.now(timezone.utc)"
+                )
+                raise ValueError(msg)
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                msg = "a POSIX timestamp is a finite number"
+                raise ValueError(msg)
+            return value
+        msg = f"a {type(value).__name__} is no point in time"
+        raise ValueError(msg)
 
     @field_validator("subject_regex", "body_regex")
     @classmethod
