@@ -550,6 +550,66 @@ def test_only_the_closest_marker_counts(pytester: pytest.Pytester) -> None:
     pytester.runpytest().assert_outcomes(passed=2)
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_two_markers_on_one_test_and_a_typo_a_closer_marker_hides_are_errors(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # The closest marker counts; one it overrides is still checked, and two on the same
+    # node (stacked, or a parametrized case's beside the test's) are refused, not guessed.
+    pytester.makepyfile(
+        test_markers="""
+        import pytest
+
+        pytestmark = pytest.mark.email_contract(tll=9)
+
+        @pytest.mark.email_contract(ttl=30)
+        def test_module_typo_hidden(email_contract):
+            pass
+        """,
+        test_stacked="""
+        import pytest
+
+        @pytest.mark.email_contract(purpse="signup", ttl=5)
+        @pytest.mark.email_contract(ttl=30)
+        def test_stacked(email_contract):
+            pass
+
+        @pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.email_contract(ttl=9))])
+        @pytest.mark.email_contract(ttl=20)
+        def test_case_and_test(email_contract, n):
+            pass
+
+        @pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.email_contract(ttl=9))])
+        def test_case_alone(email_contract, n):
+            assert email_contract.ttl == 9
+        """,
+    )
+    result = pytester.runpytest("-n", workers)
+    result.assert_outcomes(passed=1, errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "email_contract: unknown field 'tll'; allowed fields: purpose, *"
+            " (in email_contract(tll=9) on module test_markers.py)",
+        ]
+    )
+    tail = (
+        "; only one counts, so give it one marker with the whole contract (a parametrized "
+        "case that needs its own takes it in pytest.param(..., marks=...), and the test none)"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "email_contract: 2 markers on function test_stacked.py::test_stacked: "
+            f"email_contract(purpse='signup', ttl=5); email_contract(ttl=30){tail}",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "email_contract: 2 markers on function test_stacked.py::test_case_and_test[[]1[]]: "
+            "email_contract(*); email_contract(*)*",
+        ]
+    )
+
+
 def test_a_contract_is_the_one_its_setup_found(pytester: pytest.Pytester) -> None:
     """A marker added while a test runs (a fixture's ``request.node.add_marker``) changes no
     contract: a test without a marker keeps the settings' one, as a marked test keeps its

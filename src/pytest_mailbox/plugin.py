@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     # Imported where they are used: the xdist controller runs no test and no sink, so it
     # never imports asyncio, aiosmtpd, the store or the mailbox (start-up before workers),
     # and a run none of whose tests resolves a contract never imports pydantic.
+    from _pytest.nodes import Node
+
     from pytest_mailbox.contract import EmailContract, Receipt
     from pytest_mailbox.mailbox import Mailbox
     from pytest_mailbox.sink import MailSink
@@ -399,11 +401,18 @@ def _contract_for(marker: pytest.Mark | None, settings: Settings) -> EmailContra
     email_contract ``marker``; an invalid marker fails the test, naming the field."""
     if marker is None:
         return settings.contract
+    contract = _checked(marker, settings)
+    if isinstance(contract, str):
+        pytest.fail(contract, pytrace=False)
+    return contract
+
+
+def _checked(marker: pytest.Mark, settings: Settings) -> EmailContract | str:
+    """The contract ``marker`` overlays on the settings, or what is wrong with it."""
     if marker.args:
-        pytest.fail(
+        return (
             "email_contract takes keyword arguments only, "
-            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
-            pytrace=False,
+            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)"
         )
     from pydantic import ValidationError  # noqa: PLC0415 - see TYPE_CHECKING above
 
@@ -417,12 +426,22 @@ def _contract_for(marker: pytest.Mark | None, settings: Settings) -> EmailContra
         sources = {**settings.sources, **dict.fromkeys(marker.kwargs, "marker")}
         contract.check_limits(ttl_max=settings.ttl_max, sources=sources)
     except ValidationError as exc:
-        problem = describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
+        return describe_validation_error("email_contract", exc, CONTRACT_FIELDS)
     except ValueError as exc:
-        problem = str(exc)
-    else:
-        return contract
-    pytest.fail(problem, pytrace=False)
+        return str(exc)
+    return contract
+
+
+def _shown(marker: pytest.Mark) -> str:
+    """``email_contract(purpose='signup', ttl=5)``: a marker as the test wrote it."""
+    given = [repr(arg) for arg in marker.args]
+    given += [f"{name}={value!r}" for name, value in marker.kwargs.items()]
+    return f"email_contract({', '.join(given)})"
+
+
+def _where(node: Node) -> str:
+    kind = "module" if isinstance(node, pytest.Module) else type(node).__name__.lower()
+    return f"{kind} {node.nodeid or node.name}"
 
 
 class _MarkerCheck:
@@ -437,20 +456,41 @@ class _MarkerCheck:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         # By marker: a module's pytestmark, or a parametrized test's, is one Mark for all.
-        self._contracts: dict[int, tuple[pytest.Mark, EmailContract]] = {}
+        self._contracts: dict[int, tuple[pytest.Mark, EmailContract | str]] = {}
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        marker = item.get_closest_marker("email_contract")
-        if marker is None:  # the settings' contract, built once a fixture asks for it
+        found = list(item.iter_markers_with_node("email_contract"))  # the closest first
+        if not found:  # the settings' contract, built once a fixture asks for it
             item.stash[_contract_key] = None
             return
+        for node in dict.fromkeys(node for node, _ in found):
+            mine = [marker for owner, marker in found if owner is node]
+            if len(mine) > 1:  # which one counts would be a guess
+                pytest.fail(
+                    f"email_contract: {len(mine)} markers on {_where(node)}: "
+                    f"{'; '.join(map(_shown, reversed(mine)))}; only one counts, so give it one "
+                    "marker with the whole contract (a parametrized case that needs its "
+                    "own takes it in pytest.param(..., marks=...), and the test none)",
+                    pytrace=False,
+                )
+        closest: EmailContract | None = None
+        for node, marker in found:
+            contract = self._checked(marker)
+            if isinstance(contract, str):
+                # One that a closer marker overrides is checked too: its typo is a typo.
+                if marker is not found[0][1]:
+                    contract += f" (in {_shown(marker)} on {_where(node)})"
+                pytest.fail(contract, pytrace=False)
+            if closest is None:
+                closest = contract
+        item.stash[_contract_key] = closest
+
+    def _checked(self, marker: pytest.Mark) -> EmailContract | str:
         known = self._contracts.get(id(marker))
         if known is None or known[0] is not marker:
-            contract = _contract_for(marker, self.settings)  # fails the test if invalid
-            self._contracts[id(marker)] = (marker, contract)
-        else:
-            contract = known[1]
-        item.stash[_contract_key] = contract
+            known = (marker, _checked(marker, self.settings))
+            self._contracts[id(marker)] = known
+        return known[1]
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after xfail has had its say
