@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ BAD: dict[str, tuple[str, str]] = {
     "idle_timeout": ("0", "seconds 0.1..3600"),
     "data_policy": ("strict", "'flag' or 'refuse'"),
     "ttl_max": ("0", "an integer 1..86400"),
-    "receipts": (".", "a file path (not a directory)"),
+    "receipts": (
+        ".",
+        "a path to a regular file, new or to overwrite (not a directory, device or pipe)",
+    ),
     "ttl": ("0", "whole seconds, 1..mailbox_ttl_max"),
     "lease": ("inf", "seconds > 0, at most ttl"),
     "timeout": ("nan", "seconds > 0"),
@@ -65,6 +69,29 @@ def test_bad_value_is_refused_naming_the_setting_and_what_it_allows(
         assert str(refused.value) == f"{where}={value!r} is invalid; allowed: {allowed}"
     else:  # the contract's message, naming where the value came from
         assert f"settings: {name}={value!r} ({where}) {allowed}" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["device", "pipe"])
+def test_receipts_to_a_device_or_a_pipe_is_a_usage_error_not_a_crash_or_a_hang(
+    pytester: pytest.Pytester, kind: str
+) -> None:
+    # /dev/null cannot be emptied (an INTERNALERROR at collection); opening a pipe for
+    # writing waits for a reader that never comes.
+    target = "/dev/null"
+    if kind == "pipe":
+        target = str(pytester.path / "receipts.pipe")
+        os.mkfifo(target)
+    pytester.makepyfile("def test_nothing(email_contract):\n    pass\n")
+
+    result = pytester.runpytest(f"--mailbox-receipts={target}")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"*pytest-mailbox: --mailbox-receipts={target!r} is invalid; allowed: a path to a "
+            "regular file, new or to overwrite (not a directory, device or pipe)"
+        ]
+    )
 
 
 def test_unknown_mailbox_ini_key_and_env_variable_are_refused() -> None:

@@ -79,7 +79,9 @@ def _host(text: str) -> str:
 
 
 def _path(text: str) -> str:
-    if text and Path(text).is_dir():
+    """A file to write: new, or a regular file. A directory, a device (``/dev/null``
+    cannot be emptied) or a named pipe (opening one waits for a reader) is refused."""
+    if text and Path(text).exists() and not Path(text).is_file():
         raise ValueError(text)
     return text
 
@@ -195,7 +197,7 @@ OPTIONS: tuple[Option, ...] = (
         "receipts",
         "Write every run's receipt to this JSON Lines file",
         "",
-        "a file path (not a directory)",
+        "a path to a regular file, new or to overwrite (not a directory, device or pipe)",
         _path,
     ),
     Option(
