@@ -337,8 +337,18 @@ class _Fixtures:
             fixed = config.stash.get(_fixed_sink_key, None)
             yield fixed or SmtpEndpoint(config.stash[_settings_key].host, port)
             return
-        with _new_sink(config, mailbox_store, 0) as sink:
+        sink = _new_sink(config, mailbox_store, 0)
+        try:
+            sink.start()
+            problem = None
+        except SinkError as exc:
+            problem = str(exc)
+        if problem is not None:  # what to change, not a traceback through the sink
+            pytest.fail(problem, pytrace=False)
+        try:
             yield sink
+        finally:
+            sink.stop()
 
     def email_contract(self) -> EmailContract:
         """This test's contract: the mailbox_* ini defaults, overlaid by its email_contract

@@ -651,6 +651,18 @@ class MailSink(SmtpEndpoint):
                     "already in use by another program; free it, or choose another port "
                     "with --mailbox-port / mailbox_port (0 picks a free one)"
                 )
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                msg = (
+                    f"pytest-mailbox cannot listen on {self.host}:{self.port}: "
+                    f"{exc.strerror}; --mailbox-host / mailbox_host must be an address of "
+                    "this machine (the default, 127.0.0.1, always is)"
+                )
+            elif exc.errno == errno.EACCES:
+                msg = (
+                    f"pytest-mailbox cannot listen on {self.host}:{self.port}: "
+                    f"{exc.strerror}; ports below 1024 need privileges: choose another with "
+                    "--mailbox-port / mailbox_port (0 picks a free one)"
+                )
             else:
                 msg = f"pytest-mailbox cannot listen on {self.host}:{self.port}: {exc.strerror}"
             raise SinkError(msg) from exc
