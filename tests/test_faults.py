@@ -175,6 +175,16 @@ def test_the_sink_asks_about_faults_once_per_recipient_unless_one_is_owed(
             {"stage": "DATA", "times": 0},
             "inject_fault: times=0 is invalid; allowed: an integer 1..1000",
         ),
+        (  # not a str at all: a ContractError too, not the regex's TypeError
+            {"stage": "RCPT", "reply": 451},
+            "inject_fault: reply=451 is invalid; allowed: a 4xx or 5xx SMTP reply on one "
+            "line of printable ASCII, e.g. '451 4.3.0 Try again later'",
+        ),
+        (
+            {"stage": "RCPT", "reply": b"451 4.3.0 Later"},
+            "inject_fault: reply=b'451 4.3.0 Later' is invalid; allowed: a 4xx or 5xx SMTP "
+            "reply on one line of printable ASCII, e.g. '451 4.3.0 Try again later'",
+        ),
     ],
 )
 def test_bad_fault_is_refused_naming_the_field(

@@ -400,6 +400,30 @@ def test_link_with_empty_domain_is_an_extraction_error() -> None:
         plain(VERIFY).link("  ")
 
 
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda m: m.link(domain=5), "link(domain=5): give a host name such as 'app.example.test'"),
+        (
+            lambda m: m.link(path=5),
+            "link(path=5): give the start of a URL path, such as '/verify' (no query or fragment)",
+        ),
+        (
+            lambda m: m.code(pattern=rb"(\d{6})"),
+            "code(pattern=b'(\\\\d{6})') is refused: a pattern is a str, a regular expression "
+            'such as r"code: (\\d{6})"',
+        ),
+    ],
+    ids=["link-domain", "link-path", "code-pattern"],
+)
+def test_an_argument_of_the_wrong_type_is_an_extraction_error_not_a_type_error(
+    call: Callable[[Message], object], expected: str
+) -> None:
+    with pytest.raises(ExtractionError) as refused:
+        call(plain(VERIFY))
+    assert str(refused.value) == expected
+
+
 # -- codes -----------------------------------------------------------------------------------
 
 

@@ -829,7 +829,7 @@ class Mailbox:
         if stage not in ("RCPT", "DATA"):
             msg = f"inject_fault: stage={stage!r} is invalid; allowed: 'RCPT' or 'DATA'"
             raise ContractError(msg)
-        if not _FAULT_REPLY.fullmatch(reply):
+        if not isinstance(reply, str) or not _FAULT_REPLY.fullmatch(reply):
             msg = (
                 f"inject_fault: reply={reply!r} is invalid; allowed: a 4xx or 5xx SMTP reply on "
                 "one line of printable ASCII, e.g. '451 4.3.0 Try again later'"

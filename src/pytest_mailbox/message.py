@@ -1108,16 +1108,19 @@ class Message:
         elif domain is None:
             candidates = list(self._links)
         else:
-            wanted = _host(domain.strip() if "://" in domain else f"http://{domain.strip()}")
+            wanted = isinstance(domain, str) and _host(
+                domain.strip() if "://" in domain else f"http://{domain.strip()}"
+            )
             if not wanted:
                 msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             candidates, where = self._links_on({wanted}), f" on {wanted}"
             hint = "pass path= with the start of the one you want (path='/verify')"
         if path is not None:
-            if not path.startswith("/") or any(c in path for c in "?#"):
+            if not isinstance(path, str) or not path.startswith("/") or "?" in path or "#" in path:
+                shown = repr(mask_copied(path)) if isinstance(path, str) else repr(path)
                 msg = (
-                    f"link(path={mask_copied(path)!r}): give the start of a URL path, such as "
+                    f"link(path={shown}): give the start of a URL path, such as "
                     "'/verify' (no query or fragment)"
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
@@ -1166,6 +1169,12 @@ class Message:
         Zero or several distinct values raise ExtractionError; values are shown masked only.
         """
         __tracebackhide__ = True
+        if pattern is not None and not isinstance(pattern, str):
+            msg = (
+                f"code(pattern={pattern!r}) is refused: a pattern is a str, a regular "
+                'expression such as r"code: (\\d{6})"'
+            )
+            raise ExtractionError(msg, result={"message_id": self.message_id})
         source = DEFAULT_CODE_PATTERN if pattern is None else pattern
         # Checked as a selector's pattern is: invalid, or one that may backtrack for hours.
         problem = None if pattern is None else _regex_problem(source)
