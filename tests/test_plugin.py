@@ -1195,19 +1195,20 @@ def test_receipts_cli_prints_a_table(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        (None, "no such file"),  # a directory
+        (None, "not a file"),  # a directory
+        ("missing", "no such file"),
         (b'{"run_id": 1}\n', "not JUnit XML or pytest-mailbox JSON Lines receipts"),
         (b"<testsuites><testsuite>", "not JUnit XML or pytest-mailbox JSON Lines receipts"),
         (b"\xff\xfe\x00binary", "not JUnit XML or pytest-mailbox JSON Lines receipts"),
     ],
 )
 def test_receipts_cli_names_a_file_it_cannot_read(
-    tmp_path: Path, content: bytes | None, expected: str
+    tmp_path: Path, content: bytes | str | None, expected: str
 ) -> None:
     path = tmp_path / "receipts"
     if content is None:
         path.mkdir()
-    else:
+    elif isinstance(content, bytes):
         path.write_bytes(content)
 
     proc = subprocess.run(

@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     receipts: list[Receipt] = []
     for file in args.files:
         if not file.is_file():
-            parser.error(f"{file}: no such file")
+            parser.error(f"{file}: {'not a file' if file.exists() else 'no such file'}")
         try:
             receipts.extend(read_receipts(file))
         except (ValueError, ET.ParseError) as exc:  # ValidationError is a ValueError

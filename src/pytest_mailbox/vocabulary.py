@@ -4,7 +4,7 @@ pytest imports the plugin, so this package, in every run of a project that insta
 and in the xdist controller, which runs no test. What those processes need (the options'
 checks, the report hooks, the store at the end of a run) is here; the pydantic models of
 ``contract`` are imported only by a process that resolves a contract or builds a receipt.
-``contract`` exports all of these names too.
+``contract`` exports all of these names too, but ``digest`` (``message`` does).
 """
 
 from __future__ import annotations
