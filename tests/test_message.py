@@ -395,6 +395,28 @@ def test_link_path_must_be_the_start_of_a_path(path: str) -> None:
         plain(VERIFY).link(path=path)
 
 
+@pytest.mark.parametrize(
+    ("domain", "shown"),
+    [
+        ("app.example.test/verify", "'app.example.test/verify'"),
+        (
+            "https://app.example.test/verify?token=Zq8xK2pLmN4vB7cR9tYw",
+            "'https://app.example.test/…?token=…'",
+        ),
+    ],
+)
+def test_a_domain_with_a_path_is_refused_rather_than_its_path_ignored(
+    domain: str, shown: str
+) -> None:
+    with pytest.raises(ExtractionError) as refused:
+        plain(VERIFY).link(domain=domain)
+    assert str(refused.value) == (
+        f"link(domain={shown}): give the host alone, and the start of the path as path= "
+        "(path='/verify')"
+    )
+    assert plain(VERIFY).link(domain="https://app.example.test/") == VERIFY  # a host, as a URL
+
+
 def test_link_with_empty_domain_is_an_extraction_error() -> None:
     with pytest.raises(ExtractionError, match="give a host name"):
         plain(VERIFY).link("  ")

@@ -1108,11 +1108,17 @@ class Message:
         elif domain is None:
             candidates = list(self._links)
         else:
-            wanted = isinstance(domain, str) and _host(
-                domain.strip() if "://" in domain else f"http://{domain.strip()}"
-            )
+            given = "" if not isinstance(domain, str) else domain.strip()
+            url = given if "://" in given else f"http://{given}"
+            wanted = _host(url)
             if not wanted:
                 msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
+                raise ExtractionError(msg, result={"message_id": self.message_id})
+            if _path(url).strip("/") or any(c in url for c in "?#"):  # it would be ignored
+                msg = (
+                    f"link(domain={mask_copied(given)!r}): give the host alone, and the start "
+                    "of the path as path= (path='/verify')"
+                )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             candidates, where = self._links_on({wanted}), f" on {wanted}"
             hint = "pass path= with the start of the one you want (path='/verify')"
