@@ -594,7 +594,8 @@ def test_two_markers_on_one_test_and_a_typo_a_closer_marker_hides_are_errors(
     )
     tail = (
         "; only one counts, so give it one marker with the whole contract (a parametrized "
-        "case that needs its own takes it in pytest.param(..., marks=...), and the test none)"
+        "case that needs its own takes it in pytest.param(..., marks=...), and the test none; "
+        "a hook that adds one as a default adds it where get_closest_marker finds none)"
     )
     result.stdout.fnmatch_lines(
         [
@@ -606,6 +607,61 @@ def test_two_markers_on_one_test_and_a_typo_a_closer_marker_hides_are_errors(
         [
             "email_contract: 2 markers on function test_stacked.py::test_case_and_test[[]1[]]: "
             "email_contract(*); email_contract(*)*",
+        ]
+    )
+
+
+def test_a_classs_own_marker_overrides_the_one_it_inherits(pytester: pytest.Pytester) -> None:
+    # pytest lists a base class's markers before the class's own; the class's own counts,
+    # and one a hook repeats word for word is the same marker, not a second one.
+    pytester.makeconftest(
+        """
+        import pytest
+
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                if item.name == "test_default":
+                    item.add_marker(pytest.mark.email_contract(purpose="default"))
+                    item.add_marker(pytest.mark.email_contract(purpose="default"))
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.email_contract(purpose="base")
+        class TestBase:
+            def test_which(self, email_contract, request):
+                expected = "base" if request.cls is TestBase else "child"
+                assert email_contract.purpose == expected
+
+        @pytest.mark.email_contract(purpose="child")
+        class TestChild(TestBase):
+            pass
+
+        class TestGrandchild(TestChild):
+            pass
+
+        @pytest.mark.email_contract(purpse="typo")
+        class TestTypo:
+            pass
+
+        @pytest.mark.email_contract(purpose="fine")
+        class TestHidesTheTypo(TestTypo):
+            def test_hidden(self, email_contract):
+                pass
+
+        def test_default(email_contract):
+            assert email_contract.purpose == "default"
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "email_contract: unknown field 'purpse'; * (in email_contract(purpse='typo') on "
+            "class test_a_classs_own_marker_overrides_the_one_it_inherits.py::TestHidesTheTypo "
+            "(from its base class TestTypo))"
         ]
     )
 

@@ -449,6 +449,38 @@ def _shown(marker: pytest.Mark) -> str:
     return f"email_contract({', '.join(given)})"
 
 
+def _markers(item: pytest.Item) -> list[tuple[str, pytest.Mark]]:
+    """The item's email_contract markers, the closest first, each with where it was put:
+    the test, then its classes (a class's own before those it inherits, the nearest base
+    first, where pytest lists a base's first), then its module and packages."""
+    by_node: dict[Node, list[tuple[int, str, pytest.Mark]]] = {}
+    for node, marker in item.iter_markers_with_node("email_contract"):
+        depth, where = 0, _where(node)
+        cls = getattr(node, "obj", None) if isinstance(node, pytest.Class) else None
+        if isinstance(cls, type):
+            depth = next((d for d, base in enumerate(cls.__mro__) if _puts(base, marker)), 0)
+            if depth:
+                where += f" (from its base class {cls.__mro__[depth].__qualname__})"
+        by_node.setdefault(node, []).append((depth, where, marker))
+    return [
+        (where, marker)
+        for entries in by_node.values()
+        for _, where, marker in sorted(entries, key=lambda entry: entry[0])  # stable
+    ]
+
+
+def _puts(cls: type, marker: pytest.Mark) -> bool:
+    """``cls`` itself carries ``marker`` (not by inheritance)."""
+    marks = cls.__dict__.get("pytestmark", [])
+    return any(
+        getattr(m, "mark", m) == marker for m in (marks if isinstance(marks, list) else [marks])
+    )
+
+
+def _given(marker: pytest.Mark) -> str:
+    return repr((marker.args, sorted(marker.kwargs.items())))
+
+
 def _where(node: Node) -> str:
     kind = "module" if isinstance(node, pytest.Module) else type(node).__name__.lower()
     return f"{kind} {node.nodeid or node.name}"
@@ -469,27 +501,28 @@ class _MarkerCheck:
         self._contracts: dict[int, tuple[pytest.Mark, EmailContract | str]] = {}
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        found = list(item.iter_markers_with_node("email_contract"))  # the closest first
+        found = _markers(item)
         if not found:  # the settings' contract, built once a fixture asks for it
             item.stash[_contract_key] = None
             return
-        for node in dict.fromkeys(node for node, _ in found):
-            mine = [marker for owner, marker in found if owner is node]
+        for where in dict.fromkeys(where for where, _ in found):
+            mine = {_given(m): m for place, m in found if place == where}  # repeats are one
             if len(mine) > 1:  # which one counts would be a guess
                 pytest.fail(
-                    f"email_contract: {len(mine)} markers on {_where(node)}: "
-                    f"{'; '.join(map(_shown, reversed(mine)))}; only one counts, so give it one "
-                    "marker with the whole contract (a parametrized case that needs its "
-                    "own takes it in pytest.param(..., marks=...), and the test none)",
+                    f"email_contract: {len(mine)} markers on {where}: "
+                    f"{'; '.join(map(_shown, reversed(mine.values())))}; only one counts, so give it "
+                    "one marker with the whole contract (a parametrized case that needs its "
+                    "own takes it in pytest.param(..., marks=...), and the test none; a hook "
+                    "that adds one as a default adds it where get_closest_marker finds none)",
                     pytrace=False,
                 )
         closest: EmailContract | None = None
-        for node, marker in found:
+        for where, marker in found:
             contract = self._checked(marker)
             if isinstance(contract, str):
                 # One that a closer marker overrides is checked too: its typo is a typo.
                 if marker is not found[0][1]:
-                    contract += f" (in {_shown(marker)} on {_where(node)})"
+                    contract += f" (in {_shown(marker)} on {where})"
                 pytest.fail(contract, pytrace=False)
             if closest is None:
                 closest = contract
