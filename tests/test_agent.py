@@ -42,6 +42,7 @@ from pytest_mailbox import (
     Receipt,
     Status,
 )
+from pytest_mailbox import message as message_module
 from pytest_mailbox.agent import Answer, journal_path
 from pytest_mailbox.contract import dump_receipt
 from pytest_mailbox.mcp_server import main as mcp_main
@@ -237,6 +238,21 @@ def test_a_scripted_agent_signs_up_and_every_call_is_evidence(
     link = app.sent[0]["link"]
     assert (digest.kind, digest.sha256) == ("link", isolated_mailbox.store.digest(link)[0])
     app.assert_secret_free(json.dumps(answers), dump_receipt(receipt))
+
+
+@SIGNUP
+def test_the_links_an_agent_looks_at_are_not_links_the_test_listed(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    # msg.links() marks the token-like parts of what it lists for the test's report; the
+    # agent's own look at a message lists nothing for the test.
+    tools = isolated_mailbox.agent_tools()
+    app.signup(isolated_mailbox.address)
+    arguments = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "link", "timeout": 10}
+
+    assert tools.call("wait_for_message", arguments)["status"] == "waiting"
+
+    assert app.sent[0]["token"] not in message_module.TEST_EXTRACTED
 
 
 def test_the_receipt_in_junit_carries_the_evidence(pytester: pytest.Pytester) -> None:

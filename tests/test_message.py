@@ -959,6 +959,7 @@ def test_dates_and_times_keep_their_digits(text: str) -> None:
             "body_regex='https://app.example.test/…/…'",
         ),
         ("'https://app.example.test/verify?token=abc&x'", "'https://app.example.test/…?token=…&…'"),
+        ("subject_contains='Your code A7K9Q2'", "subject_contains='Your code ••••Q2'"),
         # names, not tokens: capitalised words run together, an address, the plugin's ids
         ("'SpringPromo2026Launch'", "'SpringPromo••26Launch'"),
         ("sender='Billing-Notices2025@shop.example'", "sender='Billing-Notices••25@shop.example'"),
@@ -985,6 +986,10 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ("URGENT: verify your account", "URGENT: verify your account"),
         ("MP3, H2O, B2B and Win10X", "MP3, H2O, B2B and Win10X"),
         ("Upgrade to PRO2 or iPhone15", "Upgrade to PRO2 or iPhone15"),
+        ("Code K7QXZT, ref 123ABC", "Code ••••ZT, ref ••••BC"),  # one digit is enough
+        # letters then digits is a name: its long digit runs are masked as any are
+        ("COVID19 news, flight LH400, ISO8601", "COVID19 news, flight LH400, ISO••01"),
+        ("From AB12CD@example.test", "From AB12CD@example.test"),  # an address is no code
     ],
 )
 def test_a_subject_shows_no_link_token_or_code(subject: str, masked: str) -> None:
@@ -1005,8 +1010,11 @@ def test_a_subject_masks_what_its_mailbox_extracted_even_inside_a_word() -> None
 
 def test_a_messages_repr_masks_its_subject_before_cutting_it() -> None:
     token = "Zq8xK2pLmN4vB7cR9tYw"
-    raw = f"Subject: {'Please confirm your new address now, ' * 2}{token}\r\n\r\nHi\r\n".encode()
-    assert token[:8] not in repr(Message(raw))
+    prefix = "Please confirm your new e-mail address with: "  # the cut falls in the token
+    raw = f"Subject: {prefix}{token}\r\n\r\nHi\r\n".encode()
+    shown = repr(Message(raw))
+    assert "..." in shown
+    assert token[:8] not in shown
 
 
 def test_a_code_beside_a_date_is_still_masked() -> None:

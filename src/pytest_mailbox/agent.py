@@ -908,7 +908,8 @@ class AgentTools:
 
     def _allowed_links(self, message: Message) -> list[str]:
         allowed = self.contract.link_domains
-        return [u for u in message.links() if not allowed or normalize_domain(_host(u)) in allowed]
+        # Not links(): the agent looking is not the test listing (nothing to mask for it).
+        return [u for u in message._links if not allowed or normalize_domain(_host(u)) in allowed]
 
     def _link(self, message: Message) -> dict[str, str]:
         """The answer's ``link``: the message's one link on an allowed host, redacted. With

@@ -72,12 +72,15 @@ _DIGITS = re.compile(r"\d{4,}")
 #: A word a token could be (``secrets.token_urlsafe``, ``token_hex``, a UUID), judged by
 #: ``_is_token``; not the local part of an address (``Billing-Notices2024@…``).
 _LONG_WORD = re.compile(r"(?<![\w-])[\w-]{16,}(?![\w@-])", re.ASCII)
-#: A code of capitals and digits, two of each at least (``A7K9Q2``, ``X4K2P``), as a
-#: subject may carry one: not a word of ASCII letters or digits on either side, though
-#: another script's may touch it (``コードはA7K9Q2です``). Capitals alone (``QXKZTR``)
-#: cannot be told from a word (``URGENT``): masked once extracted.
+#: A code of capitals and digits, 5 to 15 of them, a letter and a digit at least
+#: (``A7K9Q2``, ``K7QXZT``, ``123ABC``): not a word of ASCII letters or digits, nor an
+#: address, on either side, though another script's letters may touch it
+#: (``コードはA7K9Q2です``). Not letters then digits, as names are (``COVID19``,
+#: ``ISO8601``, ``LH400``), whose digit runs of four or more are masked anyway. Capitals
+#: alone (``QXKZTR``) cannot be told from a word (``URGENT``): masked once extracted.
 _MIXED_CODE = re.compile(
-    r"(?<![A-Za-z0-9])(?=(?:[A-Z]*\d){2})(?=(?:\d*[A-Z]){2})[A-Z\d]{5,12}(?![A-Za-z0-9])"
+    r"(?<![A-Za-z0-9])(?=[A-Z]*\d)(?=\d*[A-Z])(?![A-Z]+\d+(?![A-Za-z0-9]))"
+    r"[A-Z\d]{5,15}(?![A-Za-z0-9@])"
 )
 #: A value its own mailbox extracted is masked inside a longer word from this length on.
 _MIN_INSIDE = 4
@@ -206,13 +209,14 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     more) are masked also inside a longer word (``認証コードはQXKZTRです``, ``code_QXKZTR``);
     one of digits only, where no digit touches it."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)  # first: a link it extracted reads as one
-    for value in sorted({v for v in values if len(v) >= _MIN_INSIDE}, key=len, reverse=True):
+    present = {v for v in values if len(v) >= _MIN_INSIDE and v in text}
+    for value in sorted(present, key=len, reverse=True):
         if value.isdigit():
             text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
         else:
             text = text.replace(value, _keep_length(value))
     text = _LONG_WORD.sub(_masked_if_token, text)
-    text = _MIXED_CODE.sub(lambda match: _keep_length(match.group()), text)
+    text = _MIXED_CODE.sub(_masked_word, text)
     return mask_secrets(text, recorded)
 
 
@@ -222,6 +226,7 @@ def mask_copied(text: str) -> str:
     what this process extracted lately (a code it waits for, a token out of a link)."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)
     text = _LONG_WORD.sub(_masked_if_token, text)
+    text = _MIXED_CODE.sub(_masked_word, text)
     return mask_extracted(mask_secrets(text))
 
 
@@ -248,6 +253,10 @@ def _kind(char: str) -> str:
 def _masked_if_token(match: re.Match[str]) -> str:
     word = match.group()
     return _keep_length(word) if _is_token(word) else word
+
+
+def _masked_word(match: re.Match[str]) -> str:
+    return _keep_length(match.group())
 
 
 def _redacted_link(match: re.Match[str]) -> str:

@@ -510,10 +510,11 @@ class _MarkerCheck:
             if len(mine) > 1:  # which one counts would be a guess
                 pytest.fail(
                     f"email_contract: {len(mine)} markers on {where}: "
-                    f"{'; '.join(map(_shown, reversed(mine.values())))}; only one counts, so give it "
-                    "one marker with the whole contract (a parametrized case that needs its "
-                    "own takes it in pytest.param(..., marks=...), and the test none; a hook "
-                    "that adds one as a default adds it where get_closest_marker finds none)",
+                    f"{'; '.join(map(_shown, reversed(mine.values())))}; only one counts, "
+                    "so give it one marker with the whole contract (a parametrized case that "
+                    "needs its own takes it in pytest.param(..., marks=...), and the test none; "
+                    "a hook that adds one as a default adds it where get_closest_marker finds "
+                    "none)",
                     pytrace=False,
                 )
         closest: EmailContract | None = None
