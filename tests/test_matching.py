@@ -26,7 +26,7 @@ from pytest_mailbox import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.contract import Checkpoint, Status, dump_receipt
+from pytest_mailbox.contract import Checkpoint, Status, dump_receipt, utc
 from pytest_mailbox.mailbox import POLL_FIRST, POLL_INTERVAL
 from pytest_mailbox.message import Message
 from pytest_mailbox.sink import Signal
@@ -106,11 +106,15 @@ def test_a_timeout_shows_received_after_as_a_time_not_masked_digits(
     assert "subject='Welcome ••26'" in text  # a value a test copied from mail stays masked
 
 
+FINITE = "a POSIX timestamp is a finite number of seconds within years 1..9999"
+
+
 @pytest.mark.parametrize(
     ("after", "why"),
     [
-        pytest.param(math.nan, "a POSIX timestamp is a finite number", id="nan"),
-        pytest.param(-math.inf, "a POSIX timestamp is a finite number", id="-inf"),
+        pytest.param(math.nan, FINITE, id="nan"),
+        pytest.param(-math.inf, FINITE, id="-inf"),
+        pytest.param(1e20, FINITE, id="year-past-9999"),
         pytest.param(True, "a bool is no point in time", id="bool"),
         pytest.param(
             datetime(2026, 12, 3, 16, 30),  # no time zone: the point
@@ -136,6 +140,20 @@ def test_received_after_that_is_no_point_in_time_is_refused_not_read_as_any_time
         "checkpoint(), a datetime with a time zone or a finite POSIX timestamp)"
     )
     assert "claimed" not in [event.status for event in isolated_mailbox.receipt().events]
+
+
+def test_a_messages_own_received_at_as_received_after_finds_it_every_time(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    # received_at is shown to the microsecond; the store keeps more digits. Compared as
+    # stored, a message was "before" its own shown time about half of the time.
+    for n in range(30):
+        send(mailbox_server, mail(isolated_mailbox.address, f"Welcome {n}"))
+        row = mailbox_store.messages(isolated_mailbox.mailbox_id)[-1]
+        shown = utc(row.received_at)  # what Message.received_at and receipts show
+        for after in (shown, shown.timestamp()):
+            with pytest.raises(UnexpectedMessage):
+                isolated_mailbox.expect_none(within=0, subject=f"Welcome {n}", received_after=after)
 
 
 def test_explicit_received_after_selects_the_later_message(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import decimal
 import functools
 import math
+import numbers
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -212,11 +214,14 @@ class Selector(BaseModel):
                 )
                 raise ValueError(msg)
             return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                msg = "a POSIX timestamp is a finite number"
-                raise ValueError(msg)
-            return value
+        if isinstance(value, numbers.Real | decimal.Decimal) and not isinstance(value, bool):
+            seconds = float(value)
+            try:
+                utc(seconds)
+            except (OverflowError, OSError, ValueError):  # NaN, infinities, past year 9999
+                msg = "a POSIX timestamp is a finite number of seconds within years 1..9999"
+                raise ValueError(msg) from None
+            return seconds
         msg = f"a {type(value).__name__} is no point in time"
         raise ValueError(msg)
 

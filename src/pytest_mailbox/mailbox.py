@@ -643,10 +643,12 @@ class Mailbox:
         after = selector.received_after if selector.received_after is not None else self._since
         if isinstance(after, Checkpoint) and row.seq <= after.seq:
             return "received before received_after"
-        if isinstance(after, datetime) and row.received_at < after.timestamp():
-            return "received before received_after"
-        if isinstance(after, float | int) and row.received_at < after:
-            return "received before received_after"
+        if isinstance(after, datetime | float | int):
+            # To the microsecond, as ``received_at`` shows it: a message's own time given
+            # back (``received_after=msg.received_at``) finds it, every time.
+            moment = after if isinstance(after, datetime) else utc(after)
+            if utc(row.received_at) < moment:
+                return "received before received_after"
         owner = self._run_header(row)
         if owner and owner != self.run_id:
             return f"{self.contract.run_header} belongs to run {owner}"
