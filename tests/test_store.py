@@ -1034,14 +1034,16 @@ def test_closing_one_tests_orphans_leaves_every_other_mailbox_open(store: Store,
     closed = store.close_orphans(owner="t.py::test_crashed", detail="worker gw1 crashed")
 
     assert closed == [crashed.mailbox_id]
-    assert rows(db, "SELECT mailbox_id, state FROM mailboxes ORDER BY owner") == [
-        (crashed.mailbox_id, "expired"),
-        (other.mailbox_id, "reserved"),
+    assert rows(db, "SELECT mailbox_id, state, close_reason FROM mailboxes ORDER BY owner") == [
+        (crashed.mailbox_id, "released", "released_error"),  # its test never released it
+        (other.mailbox_id, "reserved", None),
     ]
     assert [(e["status"], e["detail"]) for e in store.events(crashed.mailbox_id)][1:] == [
         ("orphaned", "worker gw1 crashed"),
-        ("expired", "expired_timeout"),
+        ("released", "released_error"),
     ]
+    # The ttl it was given stays in its row and receipt: nothing ran out.
+    assert store.mailbox(crashed.mailbox_id).expires_at == crashed.expires_at  # type: ignore[union-attr]
     assert store.close_orphans(owner="t.py::test_crashed") == []  # nothing open is left
 
 
@@ -1064,7 +1066,7 @@ def test_a_crash_closes_the_test_only_in_the_worker_that_crashed(db: Path, clock
     assert (mine["gw0"].worker, mine["gw1"].worker) == ("gw0", "gw1")
     assert rows(db, "SELECT worker, state FROM mailboxes ORDER BY worker") == [
         ("gw0", "reserved"),
-        ("gw1", "expired"),
+        ("gw1", "released"),
     ]
 
 

@@ -319,17 +319,19 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
             # the crash report shows the mailbox's timeline, as a failing test's does
             "*- mailbox -*",
             "*orphaned*worker gw* crashed while running the test",
-            "*expired*expired_timeout",
+            "*released*released_error",
             "mailbox: 2 reserved, 2 received, 2 claimed, 1 consumed, "
-            "1 expired, 1 claims expired, 0 unrouted",
+            "0 expired, 0 claims expired, 0 unrouted",
         ]
     )
     assert "database is locked" not in result.stdout.str()
     # Its receipt is in the JUnit XML and the JSON Lines file, like every other test's.
     crashed = _junit_receipts(pytester.path / "junit.xml", "test_crashes_holding_a_claim")
-    assert [(r.state, r.close_reason) for r in crashed] == [("expired", "expired_timeout")]
+    # Its test never released it: an error, and the ttl it was given stays as it was.
+    assert [(r.state, r.close_reason) for r in crashed] == [("released", "released_error")]
+    assert (crashed[0].expires_at - crashed[0].created_at).total_seconds() == 300
     assert [m.state for m in crashed[0].messages] == ["waiting"]
-    assert [e.status for e in crashed[0].events][-2:] == ["orphaned", "expired"]
+    assert [e.status for e in crashed[0].events][-2:] == ["orphaned", "released"]
     # the same run id as every other receipt of the run (xdist's testrunuid)
     uids = {
         Receipt.model_validate_json(p.get("value", "")).testrun_uid
@@ -340,7 +342,7 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     assert None not in uids
     lines = (pytester.path / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
     assert sorted(Receipt.model_validate_json(line).state for line in lines) == [
-        "expired",
+        "released",
         "released",
     ]
     with _store(pytester) as db:
@@ -356,9 +358,9 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     # only the crashed worker's reservation of that test was closed, naming the worker
     assert detail == f"worker {worker} crashed while running the test"
     assert worker in ("gw0", "gw1")
-    # the orphaned mailbox expired; its claim ended and the message is claimable again
-    assert states == [("expired", "expired_timeout", "waiting")]
-    assert sorted(c[0] for c in claims) == ["consumed", "expired"]
+    # the orphaned mailbox was released; its claim ended and the message is claimable again
+    assert states == [("released", "released_error", "waiting")]
+    assert sorted(c[0] for c in claims) == ["consumed", "released"]
 
 
 def test_a_worker_killed_after_the_mailbox_teardown_still_leaves_its_receipt(

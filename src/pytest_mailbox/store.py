@@ -1019,7 +1019,9 @@ class Store:
         worker: str = "",
         detail: str = "the run ended with the mailbox open",
     ) -> list[str]:
-        """Expire every mailbox still open, or only those ``owner`` reserved in ``worker``;
+        """Release every mailbox still open, or only those ``owner`` reserved in ``worker``,
+        as ``released_error`` after an ``orphaned`` step (its test never released it: an
+        error, not a ttl that ran out, and its ``expires_at`` stays the one it was given);
         the ids of those it closed.
 
         Only the process that outlives every test (the xdist controller, or the single
@@ -1037,10 +1039,22 @@ class Store:
                 str(row[0])
                 for row in tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {where}", params)
             ]
-            tx.run(f"UPDATE mailboxes SET expires_at = ? WHERE {where}", (now, *params))
+            self._expire_mailboxes(tx, now)  # those whose ttl did run out: as they are
+            still = {
+                str(row[0])
+                for row in tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {where}", params)
+            }
             for mailbox_id in orphans:
                 tx.event(mailbox_id, now, "orphaned", detail)
-            self._expire_mailboxes(tx, now)
+                if mailbox_id not in still:
+                    continue
+                self._end_claims(tx, mailbox_id, "released", now)
+                tx.run(
+                    "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? "
+                    "WHERE mailbox_id = ?",
+                    (Status.RELEASED.value, CloseReason.RELEASED_ERROR.value, now, mailbox_id),
+                )
+                tx.event(mailbox_id, now, Status.RELEASED, CloseReason.RELEASED_ERROR.value)
         return orphans
 
     def mailbox_ids(self, *, owner: str, worker: str) -> list[str]:
