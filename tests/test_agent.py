@@ -440,12 +440,17 @@ def test_another_runs_fixture_id_is_policy_denied(
         "reason": "that message_id is not a message of this mailbox",
         "fixture_id": own,
         "attempt": 1,
-        "next_action": {"do": "fix_arguments"},
     }
     claim = {"fixture_id": own, "selector": {"message_id": theirs.message_id}, "lease": None}
-    assert stable(tools.call("claim_message", claim)) == not_ours
+    assert stable(tools.call("claim_message", claim)) == {
+        **not_ours,
+        "next_action": {"do": "fix_arguments", "tool": "claim_message"},
+    }
     ack = {"fixture_id": own, "message_id": theirs.message_id, "fence": 1}
-    assert stable(tools.call("ack_message", ack)) == not_ours
+    assert stable(tools.call("ack_message", ack)) == {
+        **not_ours,
+        "next_action": {"do": "fix_arguments", "tool": "ack_message"},
+    }
     assert untouched(mailbox_store, other) == before
     assert mailbox_store.message(theirs.message_id).state == "waiting"  # type: ignore[union-attr]
     assert [steps for _, steps, _ in trail(isolated_mailbox)] == [["proposed", "rejected"]] * 4 + [
@@ -641,6 +646,31 @@ def test_unknown_tools_and_bad_arguments_are_rejected(
     assert trail(isolated_mailbox) == [(tool, ["proposed", "rejected"], "rejected")]
 
 
+@pytest.mark.parametrize("name", [["claim_message"], {"a": 1}, None, 5], ids=repr)
+def test_a_tool_name_that_is_not_text_is_rejected_not_a_provider_error(
+    isolated_mailbox: Mailbox, name: Any
+) -> None:
+    answer = isolated_mailbox.agent_tools().call(name, {})
+    assert (answer["status"], answer["next_action"]) == ("rejected", {"do": "fix_arguments"})
+    assert trail(isolated_mailbox)[0][1] == ["proposed", "rejected"]
+
+
+@pytest.mark.email_contract(max_reads=1)
+def test_a_refused_read_that_spent_the_last_of_the_budget_says_stop(
+    isolated_mailbox: Mailbox,
+) -> None:
+    # The store refuses the claim (not this mailbox's message) after it counted as the one
+    # read: fixing the arguments would only meet budget_exceeded.
+    tools = isolated_mailbox.agent_tools()
+    claim = {"fixture_id": isolated_mailbox.mailbox_id, "selector": {"message_id": "m-0123ab"}}
+    answer = tools.call("claim_message", claim)
+    assert (answer["status"], answer["next_action"]) == ("policy_denied", {"do": "stop"})
+    assert answer["reason"].endswith(
+        "this run's max_reads=1 is used up, so claim_message would be refused "
+        "(budget_exceeded); the test may raise max_reads in its email_contract"
+    )
+
+
 class Clock:
     """A clock the test moves by hand: ``Store(path, clock=clock)``."""
 
@@ -710,18 +740,15 @@ def test_after_the_harness_released_the_mailbox_every_call_is_released(
         "fixture_id": own,
         "next_action": {"do": "stop"},
     }
-    # the store says so first; from then on the policy answers without asking it
-    assert stable(tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})) == {
-        **released,
-        "attempt": 1,
-    }
+    # the policy reads the mailbox's state before it admits a call: none is counted
+    assert tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60}) == released
     assert tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5}) == (
         released
     )
-    assert [steps for _, steps, _ in trail(isolated_mailbox)] == [
-        ["proposed", "allowed", "refused"],
-        ["proposed", "rejected"],
-    ]
+    assert tools.call("wait_for_message", {"fixture_id": "mbx-other", "kind": "link"}) == (
+        released  # not a policy_denied that would send it to reserve_mailbox again
+    )
+    assert [steps for _, steps, _ in trail(isolated_mailbox)] == [["proposed", "rejected"]] * 3
 
 
 def test_a_stale_fence_is_refused_and_changes_nothing(
@@ -942,6 +969,9 @@ def test_after_a_dry_run_release_every_answer_still_says_dry_run(
     for name, arguments in calls:
         assert tools.call(name, arguments) == simulated_release
     assert tools.call("list_inbox", {})["dry_run"] is True  # a rejection in a dry run too
+    # Another toolset of the run (an MCP server's, a restarted one) reads it in the journal.
+    again = isolated_mailbox.agent_tools()
+    assert again.call("wait_for_message", calls[1][1]) == simulated_release
     assert isolated_mailbox.state == "reserved"
     assert untouched(mailbox_store, isolated_mailbox) == before
 
@@ -1177,6 +1207,10 @@ def test_definitions_in_the_shapes_of_openai_anthropic_and_mcp(isolated_mailbox:
             assert obj["required"] == list(obj["properties"])
             assert obj["additionalProperties"] is False
         assert "$ref" not in json.dumps(function["parameters"])
+        assert "maxLength" not in json.dumps(function["parameters"])  # not in strict's subset
+    claim = next(d["function"] for d in openai if d["function"]["name"] == "claim_message")
+    subject = claim["parameters"]["properties"]["selector"]["properties"]["subject_contains"]
+    assert "at most 200 characters" in json.dumps(subject)  # said in words instead
 
     anthropic = tools.definitions("anthropic")
     assert [set(d) for d in anthropic] == [{"name", "description", "input_schema"}] * 5
@@ -1387,7 +1421,9 @@ def test_mcp_server_over_stdio_answers_like_the_toolset_in_process(
         "consumed",
         "released",
     ]
-    assert answers[7] == tools.call("claim_message", {"fixture_id": own, "selector": {}})
+    # The server's release is this process's too: each call says so, and stops.
+    after = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+    assert (after["status"], after["next_action"]) == ("released", {"do": "stop"})
     assert isolated_mailbox.address in app.verified
     evidence = isolated_mailbox.receipt().evidence or []
     served = [e for e in evidence if e.tool_call_id.startswith("mcp-")]

@@ -73,6 +73,7 @@ _SHOWN = 64  # agent-chosen names and ids are kept to this many characters in ev
 _MASKED_WHOLE = 4096  # agent-chosen text is masked whole up to this length, then shortened
 _MIN_TEST_EXTRACTED = 4  # shorter values the test extracted are not masked inside ids
 _CLOSED = (Status.RELEASED, Status.EXPIRED)
+_CLOSED_STATES = frozenset(status.value for status in _CLOSED)
 #: The status of an evidence entry whose call had not returned: still running, or its process
 #: ended first (an MCP server killed mid-call). Its budget was counted all the same.
 UNFINISHED = "unfinished"
@@ -337,6 +338,11 @@ def _schema(model: type[BaseModel], *, strict: bool) -> dict[str, Any]:
         if "$ref" in node:
             return clean(defs[node["$ref"].rsplit("/", 1)[-1]])
         out = {k: clean(v) for k, v in node.items() if k not in ("title", "default")}
+        if strict and "maxLength" in out:  # not in OpenAI's strict subset: said in words
+            limit = out.pop("maxLength")
+            out["description"] = (
+                f"{out.get('description', '').rstrip('.')}; at most {limit} characters".lstrip("; ")
+            )
         if "properties" in out:
             if strict:
                 out["required"] = list(out["properties"])
@@ -431,6 +437,17 @@ class _Journal:
             ).lastrowid
         assert row is not None
         return row, before + 1
+
+    def released(self, mailbox_id: str) -> bool:
+        """A call of some process's tools released the mailbox (or, in a dry run, counts as
+        having released it)."""
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM evidence WHERE mailbox_id = ? AND tool = 'release_mailbox'"
+                ' AND allowed = 1 AND entry LIKE \'%"status":"released"%\' LIMIT 1',
+                (mailbox_id,),
+            ).fetchone()
+        return row is not None
 
     def used(self, mailbox_id: str, budget: str) -> int:
         """How much of ``budget`` this mailbox's calls have used, in every process."""
@@ -690,7 +707,11 @@ class AgentTools:
         self._journal.write(call.row, self._entry(call, answer.status, answer.reason, latency_ms))
 
     def _decide(self, name: str, arguments: Mapping[str, Any] | str | None, call: _Call) -> Answer:
-        tool = self._tools.get(name)
+        tool = self._tools.get(name) if isinstance(name, str) else None
+        terminal = self._terminal_now()
+        if terminal is not None:  # nothing to fix: whatever is called, the run is over
+            call.steps.append("rejected")
+            return terminal
         if tool is None:
             call.steps.append("rejected")
             tools = ", ".join(self._tools)
@@ -749,7 +770,7 @@ class AgentTools:
                 answer = self._adapt(tool, args)
                 call.steps.append("executed")
             except MailboxError as exc:
-                answer = self._refusal(exc, args)
+                answer = self._refusal(exc, args, tool)
                 call.steps.append("refused")
         if answer.status in (Status.RELEASED.value, Status.EXPIRED.value):
             self._terminal = self._closed(Status(answer.status))
@@ -778,10 +799,6 @@ class AgentTools:
                 reason="that fixture_id is not this run's; use the one reserve_mailbox returned",
                 next_action=_call("reserve_mailbox"),
             )
-        if self._terminal is None and self._remaining_ms() == 0:
-            self._terminal = self._closed(Status.EXPIRED)
-        if self._terminal is not None:
-            return self._terminal
         problem = None
         if isinstance(args, ReserveMailbox) and args.purpose != self.mailbox.purpose:
             problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
@@ -797,6 +814,20 @@ class AgentTools:
             fixture_id=None if isinstance(args, ReserveMailbox) else own,
             next_action=NextAction(do="fix_arguments", tool=tool.name),
         )
+
+    def _terminal_now(self) -> Answer | None:
+        """The terminal answer, once the mailbox is closed for this run's tools: released or
+        expired, by these tools, by the test or another process (an MCP server), or, in a
+        dry run, released by a simulated release of any process's tools."""
+        if self._terminal is None:
+            if self._remaining_ms() == 0:
+                self._terminal = self._closed(Status.EXPIRED)
+            elif self.contract.mode == "dry-run":
+                if self._journal.released(self.mailbox.mailbox_id):
+                    self._terminal = self._closed(Status.RELEASED)
+            elif self.mailbox.state in _CLOSED_STATES:
+                self._terminal = self._closed(Status(self.mailbox.state))
+        return self._terminal
 
     def _over_budget(self, tool: _Tool) -> Answer:
         """The same answer every time: nothing in it moves with the clock or the count."""
@@ -945,7 +976,7 @@ class AgentTools:
             **self._link(claimed),
         )
 
-    def _refusal(self, exc: MailboxError, args: _Arguments) -> Answer:
+    def _refusal(self, exc: MailboxError, args: _Arguments, tool: _Tool) -> Answer:
         """A refusal of the mailbox or the store as an answer; never another run's ids."""
         status, result = exc.status, exc.result
         if status in _CLOSED:
@@ -966,6 +997,8 @@ class AgentTools:
                 )
             return self._reply(status, then, reason, **ids)
         reason, then = _REFUSALS.get(status, (status.value, _STOP))
+        if then is _FIX:  # its tool named: the budget decides whether it may be retried
+            then = NextAction(do="fix_arguments", tool=tool.name)
         if status is Status.AMBIGUOUS:
             ids["message_ids"] = [str(i) for i in result.get("message_ids", [])]
         return self._reply(
