@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from email.message import EmailMessage
 
 import aiosmtplib
@@ -96,3 +97,37 @@ def test_a_blocking_wait_outside_a_loop_gives_no_async_advice(isolated_mailbox: 
     with pytest.raises(WaitTimeout) as info:
         isolated_mailbox.wait_for(timeout=0.01)
     assert "wait_for_async" not in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_agent_tools_acall_waits_while_the_app_sends_from_another_task(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    started = asyncio.Event()
+    sender = asyncio.create_task(
+        _app_sends(mailbox_server, isolated_mailbox.address, "Your sign-in code", started)
+    )
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 10}
+
+    answer = await tools.acall("wait_for_message", wait)
+
+    await sender
+    assert started.is_set()
+    assert (answer["status"], answer["kind"]) == ("waiting", "code")
+    assert answer["next_action"] == {"do": "call", "tool": "claim_message"}
+
+
+@pytest.mark.asyncio
+async def test_a_blocking_agent_wait_on_the_loop_tells_its_author_to_use_acall(
+    isolated_mailbox: Mailbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 0.05}
+
+    with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):
+        answer = tools.call("wait_for_message", wait)
+
+    assert answer["status"] == "waiting"  # found nothing: the agent sees no more than that
+    assert "blocks that loop" in caplog.text
+    assert "use `await tools.acall(...)`, which leaves the loop free" in caplog.text

@@ -17,6 +17,7 @@ back redacted, and the test side reads the real value with ``AgentTools.reveal``
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -46,7 +47,7 @@ from pydantic import model_validator as _model_validator
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
-from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
+from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, _loop_running
 from pytest_mailbox.message import (
     _URL_IN_TEXT,
     TEST_EXTRACTED,
@@ -79,6 +80,12 @@ _CLOSED_STATES = frozenset(status.value for status in _CLOSED)
 UNFINISHED = "unfinished"
 
 log = logging.getLogger("pytest_mailbox.agent")
+#: For the test's author: the agent would only see a wait that found nothing.
+_BLOCKING_WAIT = (
+    "wait_for_message with a timeout, called in a thread that runs an event loop (an async "
+    "test), blocks that loop: mail its tasks send cannot go out while it waits; use "
+    "`await tools.acall(...)`, which leaves the loop free"
+)
 
 
 # -- intent: one model per tool -------------------------------------------------------------
@@ -680,6 +687,17 @@ class AgentTools:
                 self._record(call, answer, started)
         return answer.model_dump(mode="json", exclude_none=True)
 
+    async def acall(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None = None,
+        tool_call_id: str | None = None,
+    ) -> dict[str, Any]:
+        """``call`` for async code (an async test, an async agent framework): the call runs
+        in a worker thread, so a ``wait_for_message`` leaves the event loop free to send
+        the mail it waits for. Never raises."""
+        return await asyncio.to_thread(self.call, name, arguments, tool_call_id)
+
     def close(self) -> None:
         """Cut short a ``wait_for_message`` in progress, and let no later one block: for a
         server that shuts down (the MCP server calls it when its client goes away)."""
@@ -904,6 +922,8 @@ class AgentTools:
 
     def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
         """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""
+        if args.timeout and _loop_running():
+            log.warning(_BLOCKING_WAIT)
         offered = self.mailbox.look_for(
             lambda message: self._carries(message, args.kind),
             timeout=args.timeout,
