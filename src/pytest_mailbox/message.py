@@ -211,10 +211,7 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     text = _URL_IN_TEXT.sub(_redacted_link, text)  # first: a link it extracted reads as one
     present = {v for v in values if len(v) >= _MIN_INSIDE and v in text}
     for value in sorted(present, key=len, reverse=True):
-        if value.isdigit():
-            text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
-        else:
-            text = text.replace(value, _keep_length(value))
+        text = _mask_value(text, value)
     text = _LONG_WORD.sub(_masked_if_token, text)
     text = _MIXED_CODE.sub(_masked_word, text)
     return mask_secrets(text, recorded)
@@ -455,10 +452,7 @@ class Masker:
         if self.cut and " identical " in text and _SKIPPED.search(text):
             text = self._mask_diff(text)
         for value in self._present(text):
-            if value.isdigit():  # not inside a longer number
-                text = re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
-            else:
-                text = text.replace(value, _keep_length(value))
+            text = _mask_value(text, value)
         if _SOFT_BREAK.search(text):
             for value in self._present(_SOFT_BREAK.sub("", text)):
                 if _MIN_EXTRACTED <= len(value) <= _MAX_PIECED:
@@ -613,6 +607,14 @@ def _soft_broken(value: str) -> re.Pattern[str]:
 
 def _bullets(match: re.Match[str]) -> str:
     return "".join(c if c in "\r\n" else "\u2022" for c in match.group())
+
+
+def _mask_value(text: str, value: str) -> str:
+    """Mask ``value`` wherever ``text`` holds it, also inside a word; one of digits only
+    where no digit touches it (a remembered ``827907`` leaves ``job 8279071`` as it is)."""
+    if value.isdigit():
+        return re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
+    return text.replace(value, _keep_length(value))
 
 
 def _keep_length(word: str) -> str:
