@@ -1474,10 +1474,13 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
     assert refused("--store", store, *bare_args) == (
         f"mailbox {bare.mailbox_id} has no agent tools; call agent_tools() in its test first"
     )
-    monkeypatch.setitem(sys.modules, "anyio", None)  # as if installed without the mcp extra
-    assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence)) == (
-        "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
-    )
+    without_mcp = "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
+    # anyio alone (it also comes with httpx, starlette or fastapi) is not the mcp extra.
+    monkeypatch.setitem(sys.modules, "mcp.server.stdio", None)
+    assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence)) == without_mcp
+    monkeypatch.setitem(sys.modules, "anyio", None)  # nor is mcp without its anyio
+    monkeypatch.delitem(sys.modules, "mcp.server.stdio")
+    assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence)) == without_mcp
     assert journal_path(mailbox_store.path).is_file()
     bare.release()
 

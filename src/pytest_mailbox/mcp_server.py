@@ -157,7 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fence", type=int, required=True, help="The mailbox's fence")
     args = parser.parse_args(argv)
     try:
+        # Both: anyio also comes with httpx, starlette or fastapi, where mcp is missing.
         import anyio  # noqa: PLC0415
+        import mcp.server.stdio  # noqa: F401, PLC0415
     except ImportError:
         parser.error(_MISSING)
     if not args.store.is_file():
