@@ -18,6 +18,7 @@ import struct
 import tracemalloc
 import weakref
 from collections.abc import Callable, Coroutine, Iterator
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -351,6 +352,98 @@ def test_data_line_over_998_octets_is_refused_and_nothing_stored(
     [row] = rows(sink, mailbox)
     assert row.subject == "longest"
     assert sink.store.raw(row.body_id).endswith(b"\r\n\r\n" + longest)
+
+
+def test_smtplib_sendmail_of_as_bytes_is_stored_and_flagged_at_any_length(
+    sink: MailSink,
+) -> None:
+    mailbox = reserve(sink)
+    mail = EmailMessage()
+    mail["Subject"] = "Welcome"
+    mail["From"] = "app@example.test"
+    mail["To"] = mailbox.address
+    mail.set_content("\n".join(f"line {i} of the welcome mail" for i in range(100)))
+    raw = mail.as_bytes()
+    assert b"\r" not in raw  # the default policy's line ends: bare LF
+    assert len(raw) > 1001  # longer than aiosmtpd's one line
+
+    with smtplib.SMTP(sink.host, sink.port, timeout=SAFETY) as smtp:
+        assert smtp.sendmail("app@example.test", [mailbox.address], raw) == {}
+
+    (row,) = rows(sink, mailbox)
+    assert row.defects.split(",") == ["bare_lf"]
+    assert sink.store.raw(row.body_id) == raw + b"\r\n"  # smtplib ends the data with CRLF
+    view = mailbox.wait_for(subject="Welcome", timeout=SAFETY)
+    assert view.text.splitlines()[:100] == [f"line {i} of the welcome mail" for i in range(100)]
+
+
+def test_lines_that_end_at_a_bare_lf_are_measured_one_by_one(
+    sink: MailSink, client: Client
+) -> None:
+    mailbox = reserve(sink)
+    lines = b"\n".join(b"short line %d" % i for i in range(200))  # 2,689 octets, no CRLF
+
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: many\n\n" + lines + b"\n" + b"y" * 998 + b"\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert stored(sink) == 1
+
+    # A line over 998 octets is too long whether a bare LF or CRLF ends it ...
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: long\n\n" + lines + b"\n" + b"x" * 999 + b"\n" + lines + b"\r\n.\r\n")
+    assert client.reply() == LINE_TOO_LONG
+    # ... and a bare CR does not end a line (nor does it for sendmail or Postfix).
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: cr\r\r" + lines.replace(b"\n", b"\r") + b"\r\n.\r\n")
+    assert client.reply() == LINE_TOO_LONG
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert stored(sink) == 1
+    [row] = rows(sink, mailbox)
+    assert row.subject == "many"
+    assert row.defects.split(",") == ["bare_lf"]
+
+
+def test_long_bare_lf_mail_under_refuse_policy_gets_554_not_line_too_long(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    sink = make_sink(data_policy="refuse")
+    client = Client(sink)
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+
+    client.send(b"Subject: lf\n\n" + b"a short line\n" * 200 + b"\r\n.\r\n")
+
+    assert client.reply().startswith(b"554 5.6.0 Message refused: bare LF in DATA")
+    assert stored(sink) == 0
+    client.close()
+
+
+def test_bare_lf_mail_over_max_size_gets_552_in_bounded_memory(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    sink = make_sink(max_message_size=4096)
+    client = Client(sink)
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+    lines = (b"z" * 900 + b"\n") * 1165  # 1 MiB with no CRLF: one line to aiosmtpd
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        client.send(b"Subject: big\n\n")
+        for _ in range(4):
+            client.send(lines)
+        client.send(b"\r\n.\r\n")
+        reply = client.reply()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert reply == b"552 Error: Too much mail data\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert stored(sink) == 0
+    assert peak - before < 1024 * 1024  # the sink kept about max_message_size of it
+    client.close()
 
 
 def test_message_over_max_size_gets_552_and_nothing_stored(

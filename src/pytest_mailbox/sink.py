@@ -59,6 +59,7 @@ _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _PLAIN_PATH = re.compile(rf"<({_ATOM}(?:\.{_ATOM})*@{_ATOM}(?:\.{_ATOM})*)>")
 _BARE_LF = re.compile(rb"(?<!\r)\n")
 _BARE_CR = re.compile(rb"\r(?!\n)")
+_LINE_END = re.compile(rb"\r?\n")
 _T = TypeVar("_T")
 _TRANSPORT_DEFECTS = {"bare_lf": "bare LF", "bare_cr": "bare CR", "nul": "NUL byte"}
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -118,9 +119,11 @@ def transport_defects(raw: bytes) -> list[str]:
 
 
 def _line_too_long(raw: bytes) -> bool:
-    """True if a line of DATA (``raw``: as received, dot-stuffing removed; lines end at CRLF,
-    as aiosmtpd reads them) is longer than RFC 5321 allows."""
-    return len(raw) > _MAX_DATA_LINE and max(map(len, raw.split(b"\r\n"))) > _MAX_DATA_LINE
+    """True if a line of DATA (``raw``: as received, dot-stuffing removed) is longer than RFC
+    5321 allows. A line ends at CRLF, or at a bare LF (as sendmail and Postfix read it):
+    ``flag`` takes mail with bare LF line ends, and their lines are what is measured. A bare
+    CR does not end a line."""
+    return len(raw) > _MAX_DATA_LINE and max(map(len, _LINE_END.split(raw))) > _MAX_DATA_LINE
 
 
 def _shown(text: str) -> str:
@@ -248,15 +251,52 @@ class _ClientGone(asyncio.CancelledError):
 
 
 class _Reader(asyncio.StreamReader):
-    """aiosmtpd's stream reader, except that a read the client's EOF leaves incomplete ends
-    the session (``_ClientGone``) instead of raising ``IncompleteReadError``, which aiosmtpd
-    would answer with ``451`` and read again, for ever."""
+    """aiosmtpd's stream reader, with two changes.
+
+    A read the client's EOF leaves incomplete ends the session (``_ClientGone``) instead of
+    raising ``IncompleteReadError``, which aiosmtpd would answer with ``451`` and read
+    again, for ever.
+
+    A line of DATA (``readuntil(b"\r\n")``) is read in pieces that end at any LF, and the
+    stream limit applies to each piece: a message with bare LF line ends (``flag``) is not
+    one long line, which aiosmtpd refused with ``500 Line too long`` past 1,001 bytes. The
+    sink checks the lines' length itself (``_line_too_long``). Past ``data_limit`` the
+    pieces are dropped until the line's CRLF, so the line read is still longer than the
+    limit and aiosmtpd answers ``552``, without keeping more than that in memory.
+    """
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop, limit: int, data_limit: int) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self._data_limit = data_limit
 
     async def readuntil(self, separator: Any = b"\n") -> bytes:  # typeshed's type is private
         try:
+            if separator == b"\r\n":
+                return await self._data_line()
             return await super().readuntil(separator)
         except asyncio.IncompleteReadError:
             raise _ClientGone from None
+
+    async def _data_line(self) -> bytes:
+        piece = await self._piece()
+        if piece.endswith(b"\r\n"):
+            return piece
+        pieces, kept = [piece], len(piece)
+        while not piece.endswith(b"\r\n"):
+            piece = await self._piece()
+            if kept <= self._data_limit or piece.endswith(b"\r\n"):
+                pieces.append(piece)
+                kept += len(piece)
+        return b"".join(pieces)
+
+    async def _piece(self) -> bytes:
+        """Up to the next LF. Past the stream limit, the overrun is aiosmtpd's own read's:
+        what it lets aiosmtpd drain never ends between the CR and the LF of a CRLF, which
+        would leave the next line, ``.`` and its CRLF, read as the end of this one."""
+        try:
+            return await super().readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            return await super().readuntil(b"\r\n")
 
 
 class _Protocol(SMTP):
@@ -281,10 +321,17 @@ class _Protocol(SMTP):
             # The sink's reader for aiosmtpd's, before any connection (see eof_received).
             asyncio.StreamReaderProtocol.__init__(
                 self,
-                _Reader(loop=self.loop, limit=self.line_length_limit),
+                _Reader(
+                    loop=self.loop,
+                    limit=SMTP.line_length_limit,
+                    data_limit=sink.max_message_size,
+                ),
                 client_connected_cb=self._cb_client_connected,
                 loop=self.loop,
             )
+        # aiosmtpd checks a line of DATA against this after the reader: the reader and
+        # handle_DATA (``_line_too_long``) do, where a bare LF ends a line too.
+        self.line_length_limit = sink.max_message_size
         self._sink = sink
 
     def _setup(
@@ -314,7 +361,7 @@ class _Protocol(SMTP):
         self.loop = loop
         asyncio.StreamReaderProtocol.__init__(
             self,
-            _Reader(loop=loop, limit=self.line_length_limit),
+            _Reader(loop=loop, limit=SMTP.line_length_limit, data_limit=data_size_limit),
             client_connected_cb=self._cb_client_connected,
             loop=loop,
         )
