@@ -615,6 +615,54 @@ def test_a_receipt_of_an_overdue_mailbox_reports_it_expired(store: Store, clock:
     assert [e.status for e in receipt.events] == ["reserved", "received", "expired"]
 
 
+class _Cut(Exception):
+    """What lands in the middle of a read: pytest-timeout's signal, Ctrl-C."""
+
+
+def test_a_read_cut_short_leaves_the_threads_reader_on_no_old_snapshot(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = reserve_mailbox(store)
+    deliver(store, first)
+    deliver(store, first, subject="second")
+
+    def cut(row: sqlite3.Row) -> MessageRow:
+        raise _Cut
+
+    monkeypatch.setattr(store_module, "_message", cut)
+    with pytest.raises(_Cut) as kept:  # kept alive, as pytest keeps a failure's traceback
+        store.messages(first.mailbox_id)
+    monkeypatch.undo()
+
+    later = reserve_mailbox(store, run_id="r-later")
+    deliver(store, later, subject="for the later test")
+    row = store.mailbox(later.mailbox_id)
+    assert row is not None
+    assert row.active
+    assert later.wait_for(timeout=0).subject == "for the later test"
+    assert kept.traceback  # still alive here
+
+
+def test_a_mailbox_gone_from_its_store_says_so_not_that_it_expired(store: Store, db: Path) -> None:
+    mailbox = reserve_mailbox(store)
+    fresh = db.with_name("fresh.sqlite3")  # another run's store, put in this one's place
+    Store(fresh).close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    fresh.rename(db)
+    store.close()  # its next reads open the file now at its path
+
+    with pytest.raises(MailboxClosed) as gone:
+        mailbox.wait_for(timeout=0)
+
+    assert gone.value.status is Status.POLICY_DENIED
+    assert str(gone.value) == (
+        f"policy_denied: mailbox {mailbox.address} (test t::test) is not in the store {db}: "
+        "the file was removed or replaced while the run used it (two pytest runs with one "
+        "--basetemp share it; give each its own)"
+    )
+
+
 def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
     store: Store,
 ) -> None:

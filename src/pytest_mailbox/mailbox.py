@@ -529,12 +529,19 @@ class Mailbox:
     def _ensure_open(self) -> None:
         __tracebackhide__ = True
         row = self.store.mailbox(self.mailbox_id)
-        if row is None or not row.active or row.fence != self.fence:
-            state = Status(row.state) if row is not None and not row.active else Status.EXPIRED
-            if row is not None and row.active:
-                state = Status.FENCE_MISMATCH
-            reason = row.close_reason if row is not None else None
-            msg = f"{state.value}: {self._closed(state, reason)}"
+        if row is None:  # not closed: gone, which no ttl explains
+            test = f" (test {self.nodeid})" if self.nodeid else ""
+            msg = (
+                f"{Status.POLICY_DENIED.value}: mailbox {self.address}{test} is not in the "
+                f"store {self.store.path}: the file was removed or replaced while the run "
+                "used it (two pytest runs with one --basetemp share it; give each its own)"
+            )
+            raise MailboxClosed(
+                msg, status=Status.POLICY_DENIED, result={"mailbox_id": self.mailbox_id}
+            )
+        if not row.active or row.fence != self.fence:
+            state = Status.FENCE_MISMATCH if row.active else Status(row.state)
+            msg = f"{state.value}: {self._closed(state, row.close_reason)}"
             raise MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
 
     def _raise_for(self, outcome: Outcome, what: str) -> Outcome:

@@ -723,7 +723,10 @@ class Store:
 
     def messages(self, mailbox_id: str) -> list[MessageRow]:
         """Every message routed to the mailbox, oldest first."""
-        return [_message(r) for r in self._conn().execute(_MESSAGES_SQL, (mailbox_id,))]
+        # Every read takes its rows at once: a cursor left part-read (an exception while
+        # iterating it, kept alive by its traceback) would hold this thread's reader on
+        # that snapshot, and mailboxes reserved after it would not be found.
+        return [_message(r) for r in self._conn().execute(_MESSAGES_SQL, (mailbox_id,)).fetchall()]
 
     def message(self, message_id: str) -> MessageRow | None:
         row = (
@@ -1063,7 +1066,7 @@ class Store:
             "SELECT mailbox_id FROM mailboxes WHERE owner = ? AND worker = ? ORDER BY created_at",
             (owner, worker),
         )
-        return [str(row[0]) for row in rows]
+        return [str(row[0]) for row in rows.fetchall()]
 
     def stats(self) -> dict[str, int]:
         """Counts for the terminal summary."""
