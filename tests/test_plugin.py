@@ -199,6 +199,77 @@ def test_failed_test_gets_a_mailbox_section_and_error_close(pytester: pytest.Pyt
     assert receipt.messages[0].state == "waiting"  # the claim was given back, not consumed
 
 
+OUTCOMES_SUITE = """
+import unittest
+
+import pytest
+
+
+@pytest.fixture
+def claimed(isolated_mailbox, send):
+    send(isolated_mailbox.address)
+    isolated_mailbox.wait_for(subject_contains="Verify")
+
+
+def test_passes(claimed):
+    pass
+
+
+@pytest.mark.xfail(reason="known bug")
+def test_xfails(claimed):
+    assert False
+
+
+def test_calls_xfail(claimed):
+    pytest.xfail("known bug")
+
+
+def test_skips_midway(claimed):
+    pytest.skip("no browser today")
+
+
+@pytest.mark.xfail(reason="fixed since", strict=True)
+def test_xpasses_strictly(claimed):
+    pass
+
+
+class TestUnittest(unittest.TestCase):
+    @pytest.fixture(autouse=True)
+    def _claimed(self, claimed):
+        pass
+
+    @unittest.expectedFailure
+    def test_expected_failure(self):
+        self.fail("known bug")
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_only_a_test_that_passed_consumes_what_it_claimed(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_outcomes=OUTCOMES_SUITE)
+
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+
+    result.assert_outcomes(passed=1, xfailed=3, skipped=1, failed=1)
+    closed = {
+        name.rsplit("::", 1)[-1]: (receipt.close_reason, [m.state for m in receipt.messages])
+        for name, (_, receipts) in _junit_cases(pytester.path / "junit.xml").items()
+        for receipt in receipts
+    }
+    given_back = ("released_error", ["waiting"])
+    assert closed == {
+        "test_passes": ("released_success", ["consumed"]),
+        "test_xfails": given_back,
+        "test_calls_xfail": given_back,
+        "test_skips_midway": given_back,
+        "test_xpasses_strictly": given_back,
+        "test_expected_failure": given_back,
+    }
+
+
 def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,42 @@ def _junit_receipts(junit: Path, test: str) -> list[Receipt]:
 def _receipt_count(junit: Path) -> int:
     root = ET.parse(junit).getroot()
     return sum(1 for p in root.iter("property") if p.get("name") == "mailbox.receipt")
+
+
+INTERRUPTED_SUITE = """
+import pytest
+
+
+def test_interrupted(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject="Verify your account")
+    isolated_mailbox.wait_for(subject="Verify your account")
+    {stop}
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize(
+    "stop",
+    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run")'],
+    ids=["ctrl-c", "pytest-exit"],
+)
+def test_a_test_cut_short_gives_back_what_it_claimed(
+    pytester: pytest.Pytester, workers: str, stop: str
+) -> None:
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(INTERRUPTED_SUITE.format(stop=stop))
+
+    # In a process of its own: a Ctrl-C in an in-process run would stop this test too.
+    basetemp = pytester.path / "basetemp"
+    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")
+        ]
+        assert db.execute("SELECT state FROM messages").fetchall() == [("waiting",)]
+    result.stdout.no_fnmatch_line("*mailbox:*1 consumed*")
 
 
 def _bound_free_port() -> int:

@@ -45,6 +45,7 @@ _store_path_key = pytest.StashKey[Path]()
 _signal_key = pytest.StashKey[Signal]()
 _mailboxes_key = pytest.StashKey["list[Mailbox]"]()
 _failed_key = pytest.StashKey[bool]()
+_passed_key = pytest.StashKey[bool]()
 _attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's receipts
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
@@ -380,7 +381,10 @@ class _Fixtures:
         opened = item.stash.setdefault(_mailboxes_key, [])
         opened.append(mailbox)
         yield mailbox
-        receipt = mailbox.close(success=not item.stash.get(_failed_key, False)).model_copy(
+        # Success is a call that passed: not a failure, an xfail or a skip in the middle of
+        # the test, nor a call that never ended (Ctrl-C, pytest.exit) or never ran.
+        passed = item.stash.get(_passed_key, False) and not item.stash.get(_failed_key, False)
+        receipt = mailbox.close(success=passed).model_copy(
             update={"testrun_uid": config.stash[_testrun_key]}
         )
         attached = (RECEIPT_PROPERTY, dump_receipt(receipt))
@@ -399,6 +403,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.user_properties[:] = [p for p in item.user_properties if p is not attached]
     item.stash[_attached_key] = []
     item.stash[_failed_key] = False
+    item.stash[_passed_key] = False
     item.stash[_mailboxes_key] = []
     item.config.stash[_fixtures_key].item = item
     message = sys.modules.get("pytest_mailbox.message")
@@ -545,6 +550,8 @@ def pytest_runtest_makereport(
     what the test extracted masked here, in the process that ran it, before xdist, JUnit
     or the terminal take it."""
     report = yield
+    if report.when == "call" and report.passed:
+        item.stash[_passed_key] = True
     if report.failed and report.when in ("setup", "call"):
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
