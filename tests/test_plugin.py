@@ -816,8 +816,16 @@ def test_an_ini_receipts_path_is_taken_from_the_ini_files_directory(
         ["--fixtures"],
         ["--fixtures-per-test"],
         ["--markers"],
+        ["--setup-plan"],
     ],
-    ids=["collect-only", "collect-only-xdist", "fixtures", "fixtures-per-test", "markers"],
+    ids=[
+        "collect-only",
+        "collect-only-xdist",
+        "fixtures",
+        "fixtures-per-test",
+        "markers",
+        "setup-plan",
+    ],
 )
 def test_a_command_that_runs_no_test_leaves_the_receipts_file_alone(
     pytester: pytest.Pytester, command: list[str]

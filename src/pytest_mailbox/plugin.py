@@ -662,6 +662,18 @@ def _lines(node: list[Any]) -> bool:
     return bool(node) and all(isinstance(line, str) and "\n" not in line for line in node)
 
 
+def _lists_only(config: pytest.Config) -> bool:
+    """A run that shows tests or fixtures and runs nothing: ``--setup-plan`` sets up no
+    fixture, so it reserves no mailbox."""
+    option = config.option
+    return bool(
+        option.collectonly
+        or option.showfixtures
+        or option.show_fixtures_per_test
+        or getattr(option, "setupplan", False)
+    )
+
+
 class _ReceiptWriter:
     """Writes receipts to the JSON Lines file, on the controller only: workers' reports reach it."""
 
@@ -676,8 +688,7 @@ class _ReceiptWriter:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         # The file is a run's until it ends: a second run at the same time would empty it
         # and mix its receipts in. Runs that only list (an IDE's --collect-only) share it.
-        option = session.config.option
-        if option.collectonly or option.showfixtures or option.show_fixtures_per_test:
+        if _lists_only(session.config):
             return
         if not _lock(self.stream):
             msg = (
@@ -692,7 +703,7 @@ class _ReceiptWriter:
         # A run that collects to run tests holds this run's receipts only, from the start:
         # one that fails in collection leaves no receipts of the run before it.
         # (--fixtures collects without this hook.)
-        if not session.config.option.collectonly:
+        if not _lists_only(session.config):
             self.stream.truncate(0)
         return (yield)
 
