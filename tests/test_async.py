@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import smtplib
 from email.message import EmailMessage
 
 import aiosmtplib
+import anyio
 import pytest
 
-from pytest_mailbox import Mailbox, MailSink, UnexpectedMessage, WaitTimeout
+from pytest_mailbox import ContractError, Mailbox, MailSink, UnexpectedMessage, WaitTimeout
 
 
 def _mail(to: str, subject: str) -> EmailMessage:
@@ -131,3 +133,50 @@ async def test_a_blocking_agent_wait_on_the_loop_tells_its_author_to_use_acall(
     assert answer["status"] == "waiting"  # found nothing: the agent sees no more than that
     assert "blocks that loop" in caplog.text
     assert "use `await tools.acall(...)`, which leaves the loop free" in caplog.text
+
+
+def _app_sends_blocking(server: MailSink, to: str, subject: str) -> None:
+    with smtplib.SMTP(server.host, server.port) as smtp:
+        smtp.send_message(_mail(to, subject))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_async_api_runs_on_either_anyio_backend(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, anyio_backend: str
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    box = (mailbox_server, isolated_mailbox.address)
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 10}
+
+    async with anyio.create_task_group() as app:
+        app.start_soon(anyio.to_thread.run_sync, _app_sends_blocking, *box, "Your sign-in code")
+        answer = await tools.acall("wait_for_message", wait)
+        msg = await isolated_mailbox.wait_for_async(subject_contains="sign-in", timeout=10)
+
+    assert (answer["status"], answer["kind"]) == ("waiting", "code")
+    assert msg.code() == "271828"
+    msg.ack()
+    await isolated_mailbox.expect_none_async(within=0.05)
+    async with anyio.create_task_group() as app:
+        app.start_soon(anyio.to_thread.run_sync, _app_sends_blocking, *box, "Code, again")
+        with pytest.raises(UnexpectedMessage):
+            await isolated_mailbox.expect_none_async(within=10, subject_contains="again")
+
+
+def test_the_async_api_outside_asyncio_and_trio_says_what_to_call(
+    isolated_mailbox: Mailbox,
+) -> None:
+    waits = [
+        isolated_mailbox.wait_for_async(timeout=1),
+        isolated_mailbox.expect_none_async(within=1),
+        isolated_mailbox.agent_tools().acall("wait_for_message", {}),
+    ]
+    for wait in waits:  # driven by hand: no event loop of any library runs here
+        with pytest.raises(ContractError) as info:
+            wait.send(None)
+        assert str(info.value) == (
+            "the async API (wait_for_async, expect_none_async, AgentTools.acall) runs on "
+            "asyncio or trio (pytest-asyncio, anyio with either backend), and neither runs "
+            "here; call wait_for, expect_none or call instead"
+        )

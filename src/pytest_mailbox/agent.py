@@ -46,8 +46,8 @@ from pydantic import model_validator as _model_validator
 
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status
 from pytest_mailbox.endpoint import normalize_domain
-from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
-from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, _loop_running
+from pytest_mailbox.errors import ContractError, ExtractionError, MailboxClosed, MailboxError
+from pytest_mailbox.mailbox import _NO_LOOP, ClaimedMessage, Mailbox, _loop_running, running_trio
 from pytest_mailbox.message import (
     _URL_IN_TEXT,
     TEST_EXTRACTED,
@@ -695,8 +695,17 @@ class AgentTools:
     ) -> dict[str, Any]:
         """``call`` for async code (an async test, an async agent framework): the call runs
         in a worker thread, so a ``wait_for_message`` leaves the event loop free to send
-        the mail it waits for. Never raises."""
-        return await asyncio.to_thread(self.call, name, arguments, tool_call_id)
+        the mail it waits for. On asyncio or trio it never raises (elsewhere it raises
+        ``ContractError``)."""
+        if _loop_running():
+            return await asyncio.to_thread(self.call, name, arguments, tool_call_id)
+        trio = running_trio()
+        if trio is None:
+            raise ContractError(_NO_LOOP)
+        answer: dict[str, Any] = await trio.to_thread.run_sync(
+            self.call, name, arguments, tool_call_id
+        )
+        return answer
 
     def close(self) -> None:
         """Cut short a ``wait_for_message`` in progress, and let no later one block: for a

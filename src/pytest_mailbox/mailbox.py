@@ -6,6 +6,7 @@ import asyncio
 import math
 import re
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -13,6 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from difflib import SequenceMatcher
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
@@ -505,7 +507,7 @@ class Mailbox:
                 for interval in polls:
                     if (left := pause.remaining()) <= 0:
                         break
-                    await asyncio.sleep(min(interval, left))
+                    await async_sleep(min(interval, left))
                     if self._changed(pause):
                         break
                 pause = steps.send(None)
@@ -964,6 +966,37 @@ _BLOCKED_LOOP = (
     "on that loop could not go out while it waited; use "
     "`await isolated_mailbox.wait_for_async(...)`, which leaves the loop free"
 )
+
+
+#: What the async API needs to run on, and where the sync one goes instead.
+_NO_LOOP = (
+    "the async API (wait_for_async, expect_none_async, AgentTools.acall) runs on asyncio "
+    "or trio (pytest-asyncio, anyio with either backend), and neither runs here; call "
+    "wait_for, expect_none or call instead"
+)
+
+
+def running_trio() -> ModuleType | None:
+    """trio, when the calling code runs in a trio task (anyio's trio backend)."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+    return trio
+
+
+async def async_sleep(seconds: float) -> None:
+    """``asyncio.sleep``, or ``trio.sleep`` in a trio task; ``ContractError`` otherwise."""
+    if _loop_running():
+        await asyncio.sleep(seconds)
+        return
+    trio = running_trio()
+    if trio is None:
+        raise ContractError(_NO_LOOP)
+    await trio.sleep(seconds)
 
 
 def _loop_running() -> bool:
