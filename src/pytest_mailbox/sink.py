@@ -324,14 +324,14 @@ class _Protocol(SMTP):
                 _Reader(
                     loop=self.loop,
                     limit=SMTP.line_length_limit,
-                    data_limit=sink.max_message_size,
+                    data_limit=kwargs["data_size_limit"],
                 ),
                 client_connected_cb=self._cb_client_connected,
                 loop=self.loop,
             )
         # aiosmtpd checks a line of DATA against this after the reader: the reader and
         # handle_DATA (``_line_too_long``) do, where a bare LF ends a line too.
-        self.line_length_limit = sink.max_message_size
+        self.line_length_limit = kwargs["data_size_limit"]
         self._sink = sink
 
     def _setup(
