@@ -8,18 +8,21 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import weakref
 import xml.etree.ElementTree as ET
+from contextlib import closing
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from pytest_mailbox import plugin
-from pytest_mailbox.contract import Receipt
+from pytest_mailbox.contract import MessageReceipt, Receipt
+from pytest_mailbox.receipts import format_table, read_receipts
 from pytest_mailbox.receipts import main as receipts_main
-from pytest_mailbox.receipts import read_receipts
 from pytest_mailbox.settings import options_table
 
 SENDER_CONFTEST = """
@@ -197,6 +200,8 @@ def test_failed_test_gets_a_mailbox_section_and_error_close(pytester: pytest.Pyt
     ((_, (receipt,)),) = _junit_cases(pytester.path / "junit.xml").values()
     assert receipt.close_reason == "released_error"
     assert receipt.messages[0].state == "waiting"  # the claim was given back, not consumed
+    # ... and its timeline says so, before the release.
+    assert [e.status for e in receipt.events][-2:] == ["unclaimed", "released"]
 
 
 OUTCOMES_SUITE = """
@@ -1952,3 +1957,66 @@ def test_values_cut_by_a_diff_or_by_unittest_are_masked_and_nothing_else(
         assert piece not in text, piece
     result.stdout.fnmatch_lines(["*- 2024-05-02", "*+ 2024-05-01"])
     assert "- 2024 rewrite of the parser" in text
+
+
+def test_the_receipts_table_counts_consumed_messages_only() -> None:
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    receipt = Receipt(
+        run_id="r-1",
+        nodeid="t::x",
+        mailbox_id="mbx-1",
+        address="a@mailbox.test",
+        purpose="mail",
+        state="released",
+        fence=1,
+        created_at=at,
+        expires_at=at,
+        messages=[
+            MessageReceipt(message_id="m-1", received_at=at, subject="s", state="consumed"),
+            MessageReceipt(message_id="m-2", received_at=at, subject="s", state="waiting"),
+        ],
+    )
+    assert format_table([receipt]).splitlines()[2].split()[-2:] == ["2", "1"]
+
+
+def test_a_fixture_that_fails_after_a_claim_shows_the_mailbox_section(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture
+        def verified(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for(subject_contains="Verify")
+            raise RuntimeError("the app rejected the link")
+
+        def test_uses_it(verified):
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*- mailbox -*", "*claimed*m-* fence *"])
+
+
+def test_a_mailbox_a_test_never_closed_is_released_as_an_error_at_session_end(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        from pytest_mailbox import EmailContract, Mailbox
+
+        def test_forgets_to_close(mailbox_store):
+            Mailbox.reserve(mailbox_store, contract=EmailContract(), domain="mailbox.test")
+        """
+    )
+    basetemp = pytester.path / "basetemp"
+    pytester.runpytest(f"--basetemp={basetemp}").assert_outcomes(passed=1)
+    with closing(sqlite3.connect(basetemp / plugin.STORE_NAME)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")
+        ]
+        assert ("orphaned",) in db.execute("SELECT status FROM events").fetchall()
