@@ -1635,6 +1635,44 @@ def test_the_package_imports_the_mailbox_and_the_sink_when_first_asked() -> None
 
 @pytest.mark.skipif(pytest.version_tuple < (9,), reason="subtests are built in from pytest 9")
 @pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_subtest_that_passed_is_not_its_test_passing(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_xfails_after_a_subtest(isolated_mailbox, send, subtests):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for(subject_contains="Verify")
+            with subtests.test("the link works"):
+                pass
+            pytest.xfail("known bug")
+
+        def test_passes_with_a_subtest(isolated_mailbox, send, subtests):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for(subject_contains="Verify")
+            with subtests.test("the link works"):
+                pass
+        """
+    )
+
+    pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+
+    closed = {
+        name.rsplit("::", 1)[-1]: (receipt.close_reason, [m.state for m in receipt.messages])
+        for name, (_, receipts) in _junit_cases(pytester.path / "junit.xml").items()
+        for receipt in receipts
+    }
+    assert closed == {
+        "test_xfails_after_a_subtest": ("released_error", ["waiting"]),
+        "test_passes_with_a_subtest": ("released_success", ["consumed"]),
+    }
+
+
+@pytest.mark.skipif(pytest.version_tuple < (9,), reason="subtests are built in from pytest 9")
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_subtests_captured_output_is_masked(pytester: pytest.Pytester, workers: str) -> None:
     """pytest's subtests add the captured output after pytest_runtest_makereport."""
     pytester.makeconftest(SENDER_CONFTEST)

@@ -46,6 +46,7 @@ _signal_key = pytest.StashKey[Signal]()
 _mailboxes_key = pytest.StashKey["list[Mailbox]"]()
 _failed_key = pytest.StashKey[bool]()
 _passed_key = pytest.StashKey[bool]()
+_in_call_key = pytest.StashKey[bool]()
 _attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's receipts
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
@@ -542,6 +543,16 @@ class _MarkerCheck:
         return known[1]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Mark the test's call as running, so its subtests' reports are told from its own."""
+    item.stash[_in_call_key] = True
+    try:
+        return (yield)
+    finally:
+        item.stash[_in_call_key] = False
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after xfail has had its say
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -550,7 +561,9 @@ def pytest_runtest_makereport(
     what the test extracted masked here, in the process that ran it, before xdist, JUnit
     or the terminal take it."""
     report = yield
-    if report.when == "call" and report.passed:
+    # A subtest's report is a "call" report too, made while the test's call still runs:
+    # the test passed only if its own call report, made after the call, says so.
+    if report.when == "call" and report.passed and not item.stash.get(_in_call_key, False):
         item.stash[_passed_key] = True
     if report.failed and report.when in ("setup", "call"):
         item.stash[_failed_key] = True
