@@ -325,6 +325,16 @@ def test_sink_refuses_an_unknown_data_policy(tmp_path: Path) -> None:
         MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN], data_policy="strict")
 
 
+@pytest.mark.parametrize("size", [0, -1, None, True, 1.5])
+def test_sink_refuses_a_max_message_size_that_is_no_bound(tmp_path: Path, size: object) -> None:
+    with pytest.raises(ValueError, match=r"^max_message_size=") as refused:
+        MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN], max_message_size=size)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"max_message_size={size!r} is invalid; allowed: a positive number of bytes "
+        "(the plugin's mailbox_max_message_size: 1024..1073741824)"
+    )
+
+
 # -- line and size limits -------------------------------------------------------------------
 
 

@@ -553,6 +553,15 @@ class MailSink(SmtpEndpoint):
         if data_policy not in DATA_POLICIES:
             msg = f"data_policy={data_policy!r} is invalid; allowed: {', '.join(DATA_POLICIES)}"
             raise ValueError(msg)
+        # aiosmtpd reads 0 or None as "no limit"; the sink's DATA reader needs a bound.
+        if isinstance(max_message_size, bool) or not (
+            isinstance(max_message_size, int) and max_message_size > 0
+        ):
+            msg = (
+                f"max_message_size={max_message_size!r} is invalid; allowed: a positive "
+                "number of bytes (the plugin's mailbox_max_message_size: 1024..1073741824)"
+            )
+            raise ValueError(msg)
         self.store = store
         self.name = name
         self.domains = frozenset(normalize_domain(d) for d in domains)
