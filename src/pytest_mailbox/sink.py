@@ -281,13 +281,14 @@ class _Reader(asyncio.StreamReader):
         piece = await self._piece()
         if piece.endswith(b"\r\n"):
             return piece
-        pieces, kept = [piece], len(piece)
+        # One bytearray, not a list of pieces: a line of 2-byte pieces would cost about
+        # 35 bytes of object for each.
+        line = bytearray(piece)
         while not piece.endswith(b"\r\n"):
             piece = await self._piece()
-            if kept <= self._data_limit or piece.endswith(b"\r\n"):
-                pieces.append(piece)
-                kept += len(piece)
-        return b"".join(pieces)
+            if len(line) <= self._data_limit or piece.endswith(b"\r\n"):
+                line += piece
+        return bytes(line)
 
     async def _piece(self) -> bytes:
         """Up to the next LF. Past the stream limit, the overrun is aiosmtpd's own read's:
