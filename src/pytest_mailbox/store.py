@@ -633,13 +633,17 @@ class Store:
                 (mailbox_id, ack_for, now),
             ):
                 self._consume(tx, held["message_id"], held["fence"], mailbox_id, now)
+        self._released(tx, mailbox_id, reason, now)
+        return Outcome(Status.RELEASED, detail=reason.value)
+
+    def _released(self, tx: _Tx, mailbox_id: str, reason: CloseReason, now: float) -> None:
+        """Close an open mailbox as released for ``reason``: its claims end, and its step."""
         self._end_claims(tx, mailbox_id, "released", now)
         tx.run(
             "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? WHERE mailbox_id = ?",
             (Status.RELEASED.value, reason.value, now, mailbox_id),
         )
         tx.event(mailbox_id, now, Status.RELEASED, reason.value)
-        return Outcome(Status.RELEASED, detail=reason.value)
 
     # -- messages ----------------------------------------------------------------------
 
@@ -1049,15 +1053,8 @@ class Store:
             }
             for mailbox_id in orphans:
                 tx.event(mailbox_id, now, "orphaned", detail)
-                if mailbox_id not in still:
-                    continue
-                self._end_claims(tx, mailbox_id, "released", now)
-                tx.run(
-                    "UPDATE mailboxes SET state = ?, close_reason = ?, closed_at = ? "
-                    "WHERE mailbox_id = ?",
-                    (Status.RELEASED.value, CloseReason.RELEASED_ERROR.value, now, mailbox_id),
-                )
-                tx.event(mailbox_id, now, Status.RELEASED, CloseReason.RELEASED_ERROR.value)
+                if mailbox_id in still:
+                    self._released(tx, mailbox_id, CloseReason.RELEASED_ERROR, now)
         return orphans
 
     def mailbox_ids(self, *, owner: str, worker: str) -> list[str]:
