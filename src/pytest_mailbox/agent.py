@@ -46,8 +46,8 @@ from pydantic import model_validator as _model_validator
 
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status
 from pytest_mailbox.endpoint import normalize_domain
-from pytest_mailbox.errors import ContractError, ExtractionError, MailboxClosed, MailboxError
-from pytest_mailbox.mailbox import _NO_LOOP, ClaimedMessage, Mailbox, _loop_running, running_trio
+from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
+from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, _loop_running, running_trio
 from pytest_mailbox.message import (
     _URL_IN_TEXT,
     TEST_EXTRACTED,
@@ -697,11 +697,9 @@ class AgentTools:
         in a worker thread, so a ``wait_for_message`` leaves the event loop free to send
         the mail it waits for. On asyncio or trio it never raises (elsewhere it raises
         ``ContractError``)."""
-        if _loop_running():
-            return await asyncio.to_thread(self.call, name, arguments, tool_call_id)
         trio = running_trio()
         if trio is None:
-            raise ContractError(_NO_LOOP)
+            return await asyncio.to_thread(self.call, name, arguments, tool_call_id)
         answer: dict[str, Any] = await trio.to_thread.run_sync(
             self.call, name, arguments, tool_call_id
         )

@@ -977,26 +977,25 @@ _NO_LOOP = (
 
 
 def running_trio() -> ModuleType | None:
-    """trio, when the calling code runs in a trio task (anyio's trio backend)."""
+    """None when the calling code runs on asyncio; trio when it runs in a trio task
+    (anyio's trio backend); ``ContractError`` on neither."""
+    if _loop_running():
+        return None
     trio = sys.modules.get("trio")
-    if trio is None:
-        return None
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        return None
-    return trio
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+        else:
+            return trio
+    raise ContractError(_NO_LOOP)
 
 
 async def async_sleep(seconds: float) -> None:
-    """``asyncio.sleep``, or ``trio.sleep`` in a trio task; ``ContractError`` otherwise."""
-    if _loop_running():
-        await asyncio.sleep(seconds)
-        return
+    """``asyncio.sleep``, or ``trio.sleep`` in a trio task."""
     trio = running_trio()
-    if trio is None:
-        raise ContractError(_NO_LOOP)
-    await trio.sleep(seconds)
+    await (asyncio.sleep(seconds) if trio is None else trio.sleep(seconds))
 
 
 def _loop_running() -> bool:
