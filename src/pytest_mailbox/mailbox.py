@@ -532,19 +532,14 @@ class Mailbox:
         __tracebackhide__ = True
         row = self.store.mailbox(self.mailbox_id)
         if row is None:  # not closed: gone, which no ttl explains
-            test = f" (test {self.nodeid})" if self.nodeid else ""
-            msg = (
-                f"{Status.POLICY_DENIED.value}: mailbox {self.address}{test} is not in the "
-                f"store {self.store.path}: the file was removed or replaced while the run "
-                "used it (two pytest runs with one --basetemp share it; give each its own)"
-            )
-            raise MailboxClosed(
-                msg, status=Status.POLICY_DENIED, result={"mailbox_id": self.mailbox_id}
-            )
-        if not row.active or row.fence != self.fence:
+            state, reason = Status.POLICY_DENIED, None
+        elif not row.active or row.fence != self.fence:
             state = Status.FENCE_MISMATCH if row.active else Status(row.state)
-            msg = f"{state.value}: {self._closed(state, row.close_reason)}"
-            raise MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
+            reason = row.close_reason
+        else:
+            return
+        msg = f"{state.value}: {self._closed(state, reason)}"
+        raise MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
 
     def _raise_for(self, outcome: Outcome, what: str) -> Outcome:
         """Return a successful outcome; raise the typed exception of a failed one, with why
@@ -591,7 +586,7 @@ class Mailbox:
         raise error(message, result=outcome.as_dict())
 
     def _closed(self, state: Status, reason: str | None) -> str:
-        """Why a closed mailbox refuses, and what to do instead."""
+        """Why a closed (or vanished) mailbox refuses, and what to do instead."""
         test = f" (test {self.nodeid})" if self.nodeid else ""
         if state is Status.EXPIRED:
             return (
@@ -603,6 +598,12 @@ class Mailbox:
                 f"mailbox {self.address}{test} was released ({reason or 'released'}), and "
                 "refuses every call after that: a mailbox serves one test, and each test "
                 "gets its own isolated_mailbox"
+            )
+        if state is Status.POLICY_DENIED:
+            return (
+                f"mailbox {self.address}{test} is not in the store {self.store.path}: the file "
+                "was removed or replaced while the run used it (two pytest runs with one "
+                "--basetemp share it; give each its own)"
             )
         return "another handle reserved it again; use the mailbox reserve() returned last"
 
