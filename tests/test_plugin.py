@@ -87,6 +87,15 @@ def _junit_cases(path: Path) -> dict[str, tuple[dict[str, str], list[Receipt]]]:
     return cases
 
 
+def _closes(junit: Path) -> dict[str, tuple[str | None, list[str]]]:
+    """{test function: (its receipt's close reason, its messages' states)} from JUnit XML."""
+    return {
+        name.rsplit("::", 1)[-1]: (receipt.close_reason, [m.state for m in receipt.messages])
+        for name, (_, receipts) in _junit_cases(junit).items()
+        for receipt in receipts
+    }
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, workers: str) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
@@ -259,11 +268,7 @@ def test_only_a_test_that_passed_consumes_what_it_claimed(
     result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
 
     result.assert_outcomes(passed=1, xfailed=3, skipped=1, failed=1)
-    closed = {
-        name.rsplit("::", 1)[-1]: (receipt.close_reason, [m.state for m in receipt.messages])
-        for name, (_, receipts) in _junit_cases(pytester.path / "junit.xml").items()
-        for receipt in receipts
-    }
+    closed = _closes(pytester.path / "junit.xml")
     given_back = ("released_error", ["waiting"])
     assert closed == {
         "test_passes": ("released_success", ["consumed"]),
@@ -1660,11 +1665,7 @@ def test_a_subtest_that_passed_is_not_its_test_passing(
 
     pytester.runpytest("-n", workers, "--junitxml=junit.xml")
 
-    closed = {
-        name.rsplit("::", 1)[-1]: (receipt.close_reason, [m.state for m in receipt.messages])
-        for name, (_, receipts) in _junit_cases(pytester.path / "junit.xml").items()
-        for receipt in receipts
-    }
+    closed = _closes(pytester.path / "junit.xml")
     assert closed == {
         "test_xfails_after_a_subtest": ("released_error", ["waiting"]),
         "test_passes_with_a_subtest": ("released_success", ["consumed"]),
