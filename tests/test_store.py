@@ -1151,3 +1151,20 @@ def test_row_types_follow_their_tables_column_order(
     columns = [info[1] for info in store._conn().execute(f"PRAGMA table_info({table})")]
 
     assert list(row_type._fields) == columns
+
+
+def test_a_store_remembers_the_pytest_run_that_made_it(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    made = Store(path, testrun="run-one")
+    later = Store(path, testrun="run-two")  # a later process can never rename it
+    plain = Store(path)
+    try:
+        assert (made.testrun, later.testrun, plain.testrun) == ("run-one", "run-one", "run-one")
+    finally:
+        for store in (made, later, plain):
+            store.close()
+    outside = Store(tmp_path / "outside.sqlite3")  # made by a script, not by a pytest run
+    try:
+        assert outside.testrun is None
+    finally:
+        outside.close()

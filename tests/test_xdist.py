@@ -107,6 +107,45 @@ def test_a_test_cut_short_gives_back_what_it_claimed(
     result.stdout.no_fnmatch_line("*mailbox:*1 consumed*")
 
 
+SECOND_RUN_SUITE = """
+from pathlib import Path
+
+from pytest_mailbox import EmailContract, Mailbox
+from pytest_mailbox.store import Store
+
+
+def test_meets_a_second_run(mailbox_store):
+    # What a second run given the same --basetemp does as it starts: it empties the
+    # basetemp, then makes its store there and reserves a mailbox its test still holds.
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        Path(f"{mailbox_store.path}{suffix}").unlink(missing_ok=True)
+    second = Store(mailbox_store.path, testrun="the-second-run")
+    Mailbox.reserve(second, contract=EmailContract(), domain="mailbox.test")
+    second.close()
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_end_of_a_run_leaves_a_second_runs_store_alone(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makepyfile(SECOND_RUN_SUITE)
+    basetemp = pytester.path / "basetemp"
+
+    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+
+    result.assert_outcomes(passed=1)
+    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("reserved", None)
+        ]
+        assert ("orphaned",) not in db.execute("SELECT status FROM events").fetchall()
+    result.stdout.fnmatch_lines(
+        [f"mailbox: {basetemp / STORE_NAME} is another pytest run's store (two runs *"]
+    )
+    result.stdout.no_fnmatch_line("mailbox: * consumed*")
+
+
 def _bound_free_port() -> int:
     """A port number for fixed-port mode, found by binding (the plugin then binds it itself)."""
     with socket.socket() as sock:

@@ -339,6 +339,7 @@ class Store:
         busy_timeout: float = 60.0,
         wal_limit: int = WAL_LIMIT,
         worker: str = "",
+        testrun: str = "",
     ):
         self.path = Path(path)
         self.worker = worker  # recorded with every mailbox this handle reserves
@@ -372,6 +373,13 @@ class Store:
                 tx.run("INSERT OR IGNORE INTO keys VALUES ('digest', ?)", (key,))
                 kept = tx.one("SELECT value FROM keys WHERE name = 'digest'")
                 self._digest_key: bytes = kept[0] if kept is not None else key
+                # The pytest run that made the file: another run given the same --basetemp
+                # replaces it, and the first run's end must leave the new one alone.
+                if testrun:
+                    tx.run("INSERT OR IGNORE INTO keys VALUES ('testrun', ?)", (testrun,))
+                maker = tx.one("SELECT value FROM keys WHERE name = 'testrun'")
+                #: The ``testrun`` the store was made for (None: made outside a pytest run).
+                self.testrun: str | None = str(maker[0]) if maker is not None else None
 
     # -- connections and transactions -------------------------------------------------
 
