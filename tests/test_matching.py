@@ -931,6 +931,22 @@ def test_the_receipt_masks_what_the_run_extracted_inside_a_word_and_a_link_whole
     assert "QXKZTR" not in repr(glued)
 
 
+def test_the_receipt_masks_a_code_the_test_took_from_another_mailbox(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
+) -> None:
+    # One mail to both: the test reads the code in one mailbox, the other shows its subject.
+    both = [second_mailbox.address, isolated_mailbox.address]
+    message = mail(second_mailbox.address, "Your sign-in code: QXKZTR", text="コード: QXKZTR\n")
+    send(mailbox_server, message, to=both)
+    taken = second_mailbox.wait_for(timeout=5)
+    assert taken.code(pattern=r"コード: ([A-Z]{6})") == "QXKZTR"
+    isolated_mailbox.wait_for(timeout=5).ack()
+
+    receipt = isolated_mailbox.receipt()
+
+    assert [m.subject for m in receipt.messages] == ["Your sign-in code: ••••TR"]
+
+
 def test_errors_and_the_timeline_mask_an_extracted_secret_inside_a_pattern_or_a_link(
     mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
 ) -> None:

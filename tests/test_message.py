@@ -31,6 +31,7 @@ from pytest_mailbox.message import (
     digest,
     index,
     mask_copied,
+    mask_recorded,
     mask_secrets,
     mask_subject,
     redact_url,
@@ -911,6 +912,23 @@ def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
 
     assert mask_secrets("Your code is QXKZTR.", digests) == "Your code is ••••TR."
     assert mask_secrets("Codes: -QXKZTR- ab.cd", digests) == "Codes: -••••TR- •••cd"
+
+
+def test_a_recorded_secret_is_masked_inside_a_word_with_its_digest_alone() -> None:
+    # What xdist's controller has for a crashed worker's receipt: digests, no values.
+    key = b"k" * 32
+    found = [digest(v, key) for v in ("QXKZTR", "4821")]
+    digests = Recorded(
+        frozenset(sha for sha, _ in found), lambda v: digest(v, key), frozenset(t for _, t in found)
+    )
+
+    assert mask_subject("認証コードはQXKZTRです", digests) == "認証コードは••••TRです"
+    assert mask_subject("code_QXKZTR and xQXKZTRy", digests) == "code_••••TR and x••••TRy"
+    assert mask_recorded("PIN_4821 job 148213", digests) == "PIN_••21 job 148213"  # digits touch
+    assert mask_recorded("nothing here: QXKZTX", digests) == "nothing here: QXKZTX"
+    # A word too long to search that ends as a secret does, somewhere, is masked whole.
+    long_word = "a" * 300 + "TR"
+    assert mask_recorded(long_word, digests) == "\u2022" * 300 + "TR"
 
 
 @pytest.mark.parametrize(

@@ -439,6 +439,38 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     assert sorted(c[0] for c in claims) == ["consumed", "released"]
 
 
+def test_a_crashed_workers_receipt_masks_a_code_it_took_from_inside_a_word(
+    pytester: pytest.Pytester,
+) -> None:
+    """The controller rebuilds the crashed test's receipt with the store's digests alone:
+    the code inside the subject's word is masked as the worker's own receipt masks it."""
+    pytester.makepyfile(
+        """
+        import os
+        import smtplib
+        from email.message import EmailMessage
+
+        def test_crashes_after_the_code(isolated_mailbox, mailbox_server):
+            msg = EmailMessage()
+            msg["From"], msg["To"] = "noreply@app.example.test", isolated_mailbox.address
+            msg["Subject"] = "認証コードはQXKZTRです"
+            msg.set_content("コード: QXKZTR")
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                smtp.send_message(msg)
+            assert isolated_mailbox.wait_for().code(pattern=r"コード: ([A-Z]{6})") == "QXKZTR"
+            os._exit(1)
+        """
+    )
+    result = pytester.runpytest(
+        "-n", "2", "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    crashed = _junit_receipts(pytester.path / "junit.xml", "test_crashes_after_the_code")
+    assert [m.subject for m in crashed[0].messages] == ["認証コードは••••TRです"]
+    for written in ("junit.xml", "receipts.jsonl"):
+        assert "QXKZTR" not in (pytester.path / written).read_text(encoding="utf-8")
+
+
 def test_a_worker_killed_after_the_mailbox_teardown_still_leaves_its_receipt(
     pytester: pytest.Pytester,
 ) -> None:

@@ -51,6 +51,7 @@ from pytest_mailbox.errors import (
 from pytest_mailbox.message import (
     Message,
     Recorded,
+    extracted_here,
     mask_copied,
     mask_extracted,
     mask_recorded,
@@ -622,7 +623,7 @@ class Mailbox:
     def _subject(self, row: MessageRow) -> str:
         """A subject fit for an error message: links, tokens, codes and what this run
         extracted masked (``mask_subject``)."""
-        return mask_subject(row.subject, self._digests(), self._extracted)
+        return mask_subject(row.subject, self._digests(), extracted_here(self._extracted))
 
     def _unleaked(self, text: str) -> str:
         """An error text with every secret this run extracted masked, wherever it shows:
@@ -899,11 +900,12 @@ class Mailbox:
         row = history.mailbox or self._row
         found = history.secrets
         digests = Recorded.of(found, self.store.digest)
+        extracted = extracted_here(self._extracted)
         messages = [
             MessageReceipt(
                 message_id=m.message_id,
                 received_at=utc(m.received_at),
-                subject=mask_subject(m.subject, digests, self._extracted),
+                subject=mask_subject(m.subject, digests, extracted),
                 state=m.state,
                 fence=m.fence,
                 claimed_at=utc(m.claimed_at) if m.claimed_at else None,
@@ -936,7 +938,7 @@ class Mailbox:
                     at=utc(e["at"]),
                     status=e["status"],
                     # A selector may hold a secret the run extracted later: masked here too.
-                    detail=mask_subject(e["detail"], digests, self._extracted)
+                    detail=mask_subject(e["detail"], digests, extracted)
                     if e["status"] == Status.WAITING.value
                     else e["detail"],
                 )

@@ -283,9 +283,40 @@ def mask_recorded(text: str, recorded: Recorded | None) -> str:
         for candidate in dict.fromkeys((word, core)):
             if candidate and recorded is not None and candidate in recorded:
                 return word.replace(candidate, _keep_length(candidate))
-        return word
+        return _hide_inside(word, recorded) if recorded is not None else word
 
     return _SECRET_WORD.sub(hide, text) if recorded else text
+
+
+#: A recorded secret is looked for inside a word of up to this many characters (every
+#: piece of ``_MIN_INSIDE`` or more that ends in a recorded last two, ``_MAX_INSIDE`` at
+#: most): a longer word holding such an ending is masked whole, not searched.
+_MAX_SEARCHED = 256
+_MAX_INSIDE = 64
+
+
+def _hide_inside(word: str, recorded: Recorded) -> str:
+    """``word`` with a recorded secret inside it masked (``認証コードは••••TRです``), as a
+    mailbox that kept the value masks it: a process that has only the digests (xdist's
+    controller, for a crashed worker's receipt) tries every piece that ends as one does.
+    A piece of digits only counts where no digit touches it."""
+    if recorded.tails is None:
+        return word
+    ends = [i for i in range(_MIN_INSIDE, len(word) + 1) if word[i - 2 : i] in recorded.tails]
+    if not ends:
+        return word
+    if len(word) > _MAX_SEARCHED:
+        return _keep_length(word)
+    for end in reversed(ends):
+        for start in range(max(0, end - _MAX_INSIDE), end - _MIN_INSIDE + 1):
+            piece = word[start:end]
+            if piece.isdigit() and (
+                word[start - 1 : start].isdigit() or word[end : end + 1].isdigit()
+            ):
+                continue
+            if piece in recorded:
+                return _hide_inside(word[:start], recorded) + _keep_length(piece) + word[end:]
+    return word
 
 
 #: The links and codes this process extracted lately, to mask wherever an error, a
@@ -395,6 +426,13 @@ def _secret_like(part: str) -> bool:
     kinds = ["a" if c.isalpha() else "d" if c.isdigit() else "" for c in part]
     switches = sum(1 for a, b in itertools.pairwise(k for k in kinds if k) if a != b)
     return len(part) >= _MIN_LINK_PART and switches >= 3
+
+
+def extracted_here(also: Iterable[str] = ()) -> set[str]:
+    """Every value this process knows was extracted: the running test's (from any mailbox),
+    what it remembers of other tests, and ``also``: what a subject shown for one mailbox is
+    masked with, since the code a test took from one mailbox may be in another's mail."""
+    return {*TEST_EXTRACTED, *_EXTRACTED, *also}
 
 
 def mask_extracted(text: str, also: Iterable[str] = ()) -> str:
