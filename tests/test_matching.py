@@ -931,6 +931,20 @@ def test_the_receipt_masks_what_the_run_extracted_inside_a_word_and_a_link_whole
     assert "QXKZTR" not in repr(glued)
 
 
+def test_a_near_miss_masks_a_token_in_the_senders_address(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    token = "Kx7pQ2mZr9TbW4nYv8Ls"
+    sender = f"reply+{token}@app.example.test"
+    send(mailbox_server, mail(isolated_mailbox.address, "Reply to comment", sender=sender))
+
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(sender="support@app.example.test", timeout=0.01)
+
+    assert token not in str(timed_out.value)
+    assert "sender reply+••••••••••••••••••Ls@app.example.test is not" in str(timed_out.value)
+
+
 def test_the_receipt_masks_a_code_the_test_took_from_another_mailbox(
     mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
 ) -> None:

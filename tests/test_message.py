@@ -30,6 +30,7 @@ from pytest_mailbox.message import (
     Recorded,
     digest,
     index,
+    mask_address,
     mask_copied,
     mask_recorded,
     mask_secrets,
@@ -1008,6 +1009,19 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         # letters then digits is a name: its long digit runs are masked as any are
         ("COVID19 news, flight LH400, ISO8601", "COVID19 news, flight LH400, ISO••01"),
         ("From AB12CD@example.test", "From AB12CD@example.test"),  # an address is no code
+        # digits in groups, as codes are shown to be read; dates, times and short numbers stay
+        ("Your code: 483 920", "Your code: ••• •20"),
+        ("Code 5 1 8 2 7 9, or 713-604", "Code • • • • 7 9, or •••-•04"),
+        ("Call +1 555 123 4567", "Call +• ••• ••• ••67"),
+        (
+            "Sent 2026-12-03 16:30, 3 Dec 2026 16:30 +0000",
+            "Sent 2026-12-03 16:30, 3 Dec 2026 16:30 +0000",
+        ),
+        ("Pages 10-20, order 12 345, v1.2.3", "Pages 10-20, order 12 345, v1.2.3"),
+        # a code of capitals and digits in groups joined by dashes; not a name's number
+        ("Slack confirmation code: 4F2-7TB", "Slack confirmation code: •••••TB"),
+        ("Key AB12-CD34-EF56", "Key ••••••••••••56"),
+        ("COVID-19 news, UTF-8, X-RAY", "COVID-19 news, UTF-8, X-RAY"),
     ],
 )
 def test_a_subject_shows_no_link_token_or_code(subject: str, masked: str) -> None:
@@ -1110,6 +1124,20 @@ def test_a_masker_leaves_what_unrelated_output_shows() -> None:
     assert mask("token=3DZq8xY=\\r\\ntK2mPw9RvLsAb3dEf7h") == "token=3D" + "•" * 29
 
 
+def test_a_masker_finds_a_value_quoted_printable_escaped_in_a_raw_body() -> None:
+    link = "https://app.example.test/verify?token=Zq8xK2pLmN4vB7cR9tYwQ2s=="
+    mask = Masker(remember_extracted("link", link) | {"コードQX7K"})
+
+    raw = "Click https://app.example.test/verify?token=3DZq8xK2pLmN4vB7cR9tYwQ2s=3D=3D now"
+    broken = "Click https://app.example.test/verify?token=3DZq8xK2pLmN4vB7cR9t=\nYwQ2s=3D=3D"
+    glyphs = "=E3=82=B3=E3=83=BC=E3=83=89QX7K"
+
+    for text in (raw, broken, glyphs):
+        assert "Zq8xK2pLmN4vB7cR9t" not in mask(text)
+        assert "QX7K" not in mask(text)
+    assert mask(glyphs) == "•" * 29 + "7K"
+
+
 def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:
     shared = remember_extracted("link", "https://bare-host.example.test/")
 
@@ -1178,3 +1206,25 @@ def test_its_own_test_masks_a_links_numbers_and_tokens_but_not_its_names() -> No
 
 def test_a_link_with_raw_bytes_is_remembered_without_raising() -> None:
     assert remember_extracted("link", "https://a.test/x?t=\udcffabcdefgh12")
+
+
+@pytest.mark.parametrize(
+    ("address", "shown"),
+    [
+        ("reply+Kx7pQ2mZr9TbW4nYv8Ls@app.test", "reply+••••••••••••••••••Ls@app.test"),
+        ("Kx7pQ2mZr9TbW4nYv8Ls@app.test", "••••••••••••••••••Ls@app.test"),
+        ("user+A7K9Q2@app.test", "user+••••Q2@app.test"),
+        ("bounce+aB3dE5fG7h2k@app.test", "bounce+••••••••••2k@app.test"),
+        ("noreply@app.example.test", "noreply@app.example.test"),
+        ("alice+newsletter@app.test", "alice+newsletter@app.test"),
+    ],
+)
+def test_an_address_shows_no_token_in_its_local_part(address: str, shown: str) -> None:
+    assert mask_address(address) == shown
+
+
+def test_a_messages_repr_masks_a_token_in_its_sender() -> None:
+    raw = build(text="Reply to this mail", sender="reply+Kx7pQ2mZr9TbW4nYv8Ls@app.test")
+    shown = repr(Message(raw, message_id="m-1"))
+    assert "Kx7pQ2mZr9TbW4nYv8Ls" not in shown
+    assert "from=reply+••••••••••••••••••Ls@app.test" in shown

@@ -52,10 +52,10 @@ from pytest_mailbox.message import (
     Message,
     Recorded,
     extracted_here,
+    mask_address,
     mask_copied,
     mask_extracted,
     mask_recorded,
-    mask_secrets,
     mask_subject,
     remember_extracted,
 )
@@ -692,8 +692,8 @@ class Mailbox:
             wanted = selector.sender.lower()
             parsed = self._parsed_message(row)
             if wanted not in (parsed.sender.lower(), row.mail_from.lower()):
-                sent = mask_secrets(parsed.sender or row.mail_from)
-                return f"sender {sent} is not {mask_copied(selector.sender)}"
+                sent = mask_address(parsed.sender or row.mail_from)
+                return f"sender {sent} is not {mask_copied(mask_address(selector.sender))}"
         if selector.header is not None:
             name, value = selector.header
             found = self._parsed_message(row).header(name)

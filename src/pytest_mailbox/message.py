@@ -82,6 +82,18 @@ _MIXED_CODE = re.compile(
     r"(?<![A-Za-z0-9])(?=[A-Z]*\d)(?=\d*[A-Z])(?![A-Z]+\d+(?![A-Za-z0-9]))"
     r"[A-Z\d]{5,15}(?![A-Za-z0-9@])"
 )
+#: Such a code in groups joined by dashes (``4F2-7TB``, ``AB12-CD34``), 5 to 15 capitals
+#: and digits in all; not letters, a dash, then digits, as names are (``COVID-19``,
+#: ``ISO-8601``, ``RFC-5322``).
+_DASHED_CODE = re.compile(
+    r"(?<![A-Za-z0-9-])(?=[A-Z-]*\d)(?=[\d-]*[A-Z])(?![A-Z]+-\d+(?![A-Za-z0-9-]))"
+    r"(?=(?:-?[A-Z\d]){5,15}(?![A-Za-z0-9-]))[A-Z\d]{2,8}(?:-[A-Z\d]{2,8})+(?![A-Za-z0-9@-])"
+)
+#: Digits in groups joined by a space or a dash, six or more in all, as codes are shown to
+#: be read (``483 920``, ``5 1 8 2 7 9``, ``713-604``), and phone numbers; not a date or
+#: a time (``when``, see ``_WHEN``).
+_GROUPED = re.compile(f"(?P<when>{_WHEN})|(?<![\\w.,:/-])\\d+(?:[ -]\\d+)+(?![\\w:/-])")
+_MIN_GROUPED = 6
 #: A value its own mailbox extracted is masked inside a longer word from this length on.
 _MIN_INSIDE = 4
 _HEX = re.compile(r"[0-9A-Fa-f]+")
@@ -198,7 +210,17 @@ def mask_secrets(text: str, recorded: Recorded | None = None) -> str:
 
     Dates and times keep their digits (``2026-12-03``, ``16:30:00.123456``).
     """
+    text = _GROUPED.sub(_mask_grouped, text)
     return mask_recorded(_MASKABLE.sub(_mask_digit_runs, text), recorded)
+
+
+def _mask_grouped(match: re.Match[str]) -> str:
+    found = match.group()
+    digits = sum(c.isdigit() for c in found)
+    if match.group("when") or digits < _MIN_GROUPED:
+        return found
+    hidden = iter(range(digits - 2))  # the last two digits show, as ``_keep_length``'s do
+    return "".join("\u2022" if c.isdigit() and next(hidden, None) is not None else c for c in found)
 
 
 def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[str] = ()) -> str:
@@ -213,8 +235,24 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     for value in sorted(present, key=len, reverse=True):
         text = _mask_value(text, value)
     text = _LONG_WORD.sub(_masked_if_token, text)
-    text = _MIXED_CODE.sub(_masked_word, text)
+    text = _MIXED_CODE.sub(_masked_word, _DASHED_CODE.sub(_masked_word, text))
     return mask_secrets(text, recorded)
+
+
+def mask_address(address: str) -> str:
+    """An address as errors and a message's repr show it: a local part, or a tag after its
+    ``+``, that looks like a token or a code (a reply-by-mail address,
+    ``reply+Kx7pQ2mZr9TbW4nYv8Ls@app.example.test``) masked, then ``mask_secrets``."""
+    local, at, domain = address.rpartition("@")
+    if at:
+        pieces = local.split("+")
+        local = "+".join(
+            _keep_length(piece)
+            if _is_token(piece) or (n and (_secret_like(piece) or _MIXED_CODE.fullmatch(piece)))
+            else piece
+            for n, piece in enumerate(pieces)
+        )
+    return mask_secrets(f"{local}{at}{domain}")
 
 
 def mask_copied(text: str) -> str:
@@ -223,7 +261,7 @@ def mask_copied(text: str) -> str:
     what this process extracted lately (a code it waits for, a token out of a link)."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)
     text = _LONG_WORD.sub(_masked_if_token, text)
-    text = _MIXED_CODE.sub(_masked_word, text)
+    text = _MIXED_CODE.sub(_masked_word, _DASHED_CODE.sub(_masked_word, text))
     return mask_extracted(mask_secrets(text))
 
 
@@ -469,8 +507,11 @@ class Masker:
     def __init__(
         self, values: Collection[str], words: Collection[str] = (), shared: Collection[str] = ()
     ) -> None:
-        self.values = sorted({v for v in values if v}, key=len, reverse=True)
-        self.shared = frozenset(v for v in shared if v) - set(self.values)
+        # A raw quoted-printable body shows ``=`` and non-ASCII as ``=3D``, ``=E3=82=B3``.
+        values = {form for v in values if v for form in (v, _quoted_printable(v))}
+        self.values = sorted(values, key=len, reverse=True)
+        shared = {form for v in shared if v for form in (v, _quoted_printable(v))}
+        self.shared = frozenset(shared) - values
         # A cut is matched on codes and tokens only: a link's start is its host, which an
         # unrelated line may show just as well (``Connecting to https://app…...``).
         self.cut = [
@@ -634,6 +675,18 @@ def _end_after_cut(after: str, value: str, least: int | None = None) -> int:
             best = max(best, size)
         at = value.find(head, at + 1)
     return best
+
+
+def _quoted_printable(value: str) -> str:
+    """``value`` as a quoted-printable body carries it (RFC 2045: ``=`` and every byte
+    that is not printable ASCII as ``=XX``); soft line breaks aside (``_soft_broken``)."""
+    if value.isascii() and "=" not in value:
+        return value
+    return "".join(
+        c if c.isascii() and c.isprintable() and c != "=" else
+        "".join(f"={b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+        for c in value
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=1024)
@@ -1024,7 +1077,8 @@ class Message:
         subject = mask_extracted(mask_subject(self.subject))
         if len(subject) > _REPR_SUBJECT:
             subject = subject[: _REPR_SUBJECT - 3] + "..."
-        return f"<Message {self._label} from={self.sender or '-'} subject={subject!r}>"
+        sender = mask_extracted(mask_address(self.sender)) if self.sender else "-"
+        return f"<Message {self._label} from={sender} subject={subject!r}>"
 
     # -- parsing ---------------------------------------------------------------------------
 
