@@ -43,7 +43,7 @@ from pytest_mailbox import (
     Status,
 )
 from pytest_mailbox import message as message_module
-from pytest_mailbox.agent import Answer, journal_path
+from pytest_mailbox.agent import AgentTools, Answer, journal_path
 from pytest_mailbox.contract import dump_receipt
 from pytest_mailbox.mcp_server import main as mcp_main
 from pytest_mailbox.sink import MailSink, SmtpEndpoint
@@ -446,16 +446,21 @@ def test_another_runs_fixture_id_is_policy_denied(
         **not_ours,
         "next_action": {"do": "fix_arguments", "tool": "claim_message"},
     }
+    # an ack needs a fence this toolset's own claim got: refused before the store is asked
     ack = {"fixture_id": own, "message_id": theirs.message_id, "fence": 1}
-    assert stable(tools.call("ack_message", ack)) == {
-        **not_ours,
-        "next_action": {"do": "fix_arguments", "tool": "ack_message"},
+    assert tools.call("ack_message", ack) == {
+        "status": "policy_denied",
+        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
+        "own claim_message returned",
+        "fixture_id": own,
+        "next_action": {"do": "call", "tool": "claim_message"},
     }
     assert untouched(mailbox_store, other) == before
     assert mailbox_store.message(theirs.message_id).state == "waiting"  # type: ignore[union-attr]
     assert [steps for _, steps, _ in trail(isolated_mailbox)] == [["proposed", "rejected"]] * 4 + [
-        ["proposed", "allowed", "refused"]
-    ] * 2
+        ["proposed", "allowed", "refused"],
+        ["proposed", "rejected"],
+    ]
     other.release()
 
 
@@ -796,6 +801,128 @@ def test_a_stale_fence_is_refused_and_changes_nothing(
         "refused",
         "refused",
     ]
+
+
+def test_a_stale_holder_never_gets_the_new_holders_fence(
+    clocked: tuple[Store, Clock, MailSink],
+) -> None:
+    store, clock, sink = clocked
+    contract = EmailContract(purpose="signup", ttl=120, lease=10, link_domains=(APP,), max_reads=9)
+    mailbox = Mailbox.reserve(store, contract=contract, domain=DOMAIN, signal=sink.signal)
+    own = mailbox.mailbox_id
+    slow = mailbox.agent_tools()
+    fast = AgentTools.attach(store, own, mailbox.fence)  # what an MCP server builds
+    SignupApp(sink.host, sink.port).signup(mailbox.address)
+    claim = {"fixture_id": own, "selector": {}, "lease": None}
+    first = slow.call("claim_message", claim)
+    message_id = first["message_id"]
+    clock.now += 11  # the slow agent stalls past its 10 s lease; the fast one takes over
+    second = fast.call("claim_message", claim)
+    assert second["fence"] > first["fence"]
+    before = untouched(store, mailbox)
+    ack = {"fixture_id": own, "message_id": message_id}
+    newer = "that fence's claim is over and a newer claim by another holder has it leased"
+    assert stable(slow.call("ack_message", {**ack, "fence": first["fence"]})) == {
+        "status": "fence_mismatch",
+        "reason": f"{newer}; acking is that holder's to do",
+        "fixture_id": own,
+        "attempt": 1,
+        "message_id": message_id,
+        "next_action": {"do": "stop"},  # not claim_message, whose answer would name the fence
+    }
+    # claiming anyway: the run holds it, but not through this toolset, so no fence
+    again = slow.call("claim_message", {**claim, "selector": {"message_id": message_id}})
+    assert 0 < again["next_action"].pop("poll_after_ms") <= 10_000
+    assert stable(again) == {
+        "status": "already_claimed",
+        "reason": "another holder of this run (the test or another toolset) has it leased",
+        "fixture_id": own,
+        "attempt": 3,  # the run's third claim_message, whichever toolset made it
+        "message_id": message_id,
+        "next_action": {"do": "poll", "tool": "claim_message"},
+    }
+    # a fence this toolset was never given is refused before the store is asked
+    assert slow.call("ack_message", {**ack, "fence": second["fence"]}) == {
+        "status": "policy_denied",
+        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
+        "own claim_message returned",
+        "fixture_id": own,
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+    assert untouched(store, mailbox) == before
+    assert fast.call("ack_message", {**ack, "fence": second["fence"]})["status"] == "consumed"
+    assert stable(slow.call("ack_message", {**ack, "fence": first["fence"]})) == {
+        "status": "fence_mismatch",
+        "reason": "another holder acknowledged it under a newer claim; do not act on it",
+        "fixture_id": own,
+        "attempt": 3,
+        "message_id": message_id,
+        "next_action": {"do": "stop"},
+    }
+    row = store.message(message_id)
+    assert row is not None
+    assert (row.state, row.fence) == ("consumed", second["fence"])
+    assert [(tool, steps[-1], status) for tool, steps, status in trail(mailbox)] == [
+        ("claim_message", "executed", "claimed"),
+        ("claim_message", "executed", "claimed"),
+        ("ack_message", "refused", "fence_mismatch"),
+        ("claim_message", "refused", "already_claimed"),
+        ("ack_message", "rejected", "policy_denied"),
+        ("ack_message", "executed", "consumed"),
+        ("ack_message", "refused", "fence_mismatch"),
+    ]
+
+
+def test_once_the_newer_claim_lapsed_too_the_stale_holder_may_claim_again(
+    clocked: tuple[Store, Clock, MailSink],
+) -> None:
+    store, clock, sink = clocked
+    mailbox = _clocked_mailbox(store, sink)
+    own = mailbox.mailbox_id
+    slow = mailbox.agent_tools()
+    fast = AgentTools.attach(store, own, mailbox.fence)
+    SignupApp(sink.host, sink.port).signup(mailbox.address)
+    claim = {"fixture_id": own, "selector": {}, "lease": None}
+    first = slow.call("claim_message", claim)
+    clock.now += 11
+    assert fast.call("claim_message", claim)["status"] == "claimed"
+    clock.now += 11  # the fast holder stalls too: nobody's claim is live
+    ack = {"fixture_id": own, "message_id": first["message_id"], "fence": first["fence"]}
+    refused = slow.call("ack_message", ack)
+    assert (refused["status"], refused["next_action"]) == (
+        "fence_mismatch",
+        {"do": "call", "tool": "claim_message"},
+    )
+    assert refused["reason"] == "that fence is not the message's current claim; claim it again"
+
+
+@SIGNUP
+def test_an_agent_cannot_ack_the_claim_the_test_holds_by_guessing_its_fence(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5})
+    held = isolated_mailbox.claim(found["message_id"])  # the test holds the claim
+    before = untouched(mailbox_store, isolated_mailbox)
+    refused = {
+        "status": "policy_denied",
+        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
+        "own claim_message returned",
+        "fixture_id": own,
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+    for fence in range(1, held.fence + 3):  # the held fence among them: the same answer
+        ack = {"fixture_id": own, "message_id": held.message_id, "fence": fence}
+        assert tools.call("ack_message", ack) == refused
+    claim = {"fixture_id": own, "selector": {"message_id": held.message_id}, "lease": None}
+    answer = tools.call("claim_message", claim)
+    assert "fence" not in answer
+    assert (answer["status"], answer["next_action"]["do"]) == ("already_claimed", "poll")
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    held.ack()  # the holder's own ack still works
+    assert mailbox_store.message(held.message_id).state == "consumed"  # type: ignore[union-attr]
 
 
 @pytest.mark.email_contract(purpose="signup", max_reads=10, lease=30)
@@ -1624,7 +1751,8 @@ def test_only_whole_number_floats_in_range_pass_for_integers(
     ack = {"fixture_id": isolated_mailbox.mailbox_id, "message_id": "m-0123456789ab", "fence": 7}
     reserve = {"purpose": "signup", "ttl": 60}
     before = untouched(mailbox_store, isolated_mailbox)
-    # the bounds, as whole-number floats: past intent (an unknown message is the store's no)
+    # the bounds, as whole-number floats: past intent (a fence this toolset was not issued
+    # is the policy's no)
     for ttl in (1.0, 60.0, 120.0):
         assert tools.call("reserve_mailbox", {**reserve, "ttl": ttl})["status"] == "reserved"
     for fence in (1.0, float(2**62)):

@@ -4,8 +4,9 @@ Every call goes intent → policy → adapter → evidence:
 
 - intent: the arguments are validated into a pydantic model; anything else is ``rejected``
   and nothing runs;
-- policy: this run's opaque ``fixture_id`` only, ttl and lease limits, per-run budgets,
-  ``dry-run``, and ``expired`` as a terminal state, decided here in code, never in a prompt;
+- policy: this run's opaque ``fixture_id`` only, ttl and lease limits, per-run budgets, an
+  ack only with a fence this toolset's own claim got, ``dry-run``, and ``expired`` as a
+  terminal state, decided here in code, never in a prompt;
 - adapter: the only code that touches the store, through the run's ``Mailbox``;
 - evidence: every call is journaled ``proposed → allowed → executed`` (``refused`` when the
   store said no and nothing changed, ``simulated`` in dry-run), or ``proposed → rejected``,
@@ -585,6 +586,10 @@ class AgentTools:
         self._limits = {"reads": self.contract.max_reads, "resends": self.contract.max_resends}
         self._terminal: Answer | None = None
         self._closing = threading.Event()
+        #: The fences this toolset's own claims got, by message: the proof it holds a claim.
+        #: Every toolset and the test share the run's holder id, so the store cannot tell
+        #: them apart; a fence issued to another of them is never handed out or acked here.
+        self._issued: dict[str, set[int]] = {}
         self._journal = _Journal(journal_path(mailbox.store.path))
         self._journal.bind(mailbox.mailbox_id, self.contract, self.ttl_max)
 
@@ -824,6 +829,15 @@ class AgentTools:
                 reason="that fixture_id is not this run's; use the one reserve_mailbox returned",
                 next_action=_call("reserve_mailbox"),
             )
+        if isinstance(args, AckMessage) and not self._mine(args.message_id, args.fence):
+            # Decided before the store: a guessed fence learns nothing (the answer is the same
+            # for every fence this toolset was not given), and no claim is touched.
+            return self._reply(
+                Status.POLICY_DENIED,
+                _call("claim_message"),
+                "that fence was not issued to this toolset: ack only with the fence that its "
+                "own claim_message returned",
+            )
         problem = None
         if isinstance(args, ReserveMailbox) and args.purpose != self.mailbox.purpose:
             problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
@@ -839,6 +853,11 @@ class AgentTools:
             fixture_id=None if isinstance(args, ReserveMailbox) else own,
             next_action=NextAction(do="fix_arguments", tool=tool.name),
         )
+
+    def _mine(self, message_id: str, fence: object) -> bool:
+        """Whether ``fence`` came from this toolset's own claim of the message. A dry run
+        claims nothing and issues no fence: its ack answers as a successful one would."""
+        return self.contract.mode == "dry-run" or fence in self._issued.get(message_id, ())
 
     def _terminal_now(self) -> Answer | None:
         """The terminal answer, once the mailbox is closed for this run's tools: released or
@@ -908,7 +927,8 @@ class AgentTools:
             return self._claim(tool, args)
         if isinstance(args, AckMessage):
             row = mailbox.store.message(args.message_id)
-            if row is None or row.mailbox_id != mailbox.mailbox_id:
+            if row is None or row.mailbox_id != mailbox.mailbox_id:  # pragma: no cover
+                # The policy saw it first: fences are issued for this mailbox's messages only.
                 raise MailboxClosed(args.message_id, status=Status.POLICY_DENIED)
             mailbox.ack(args.message_id, args.fence)
             return self._done(tool, **_id(args))
@@ -993,6 +1013,7 @@ class AgentTools:
             )
             claimed = mailbox.wait_for(timeout=0, lease=args.lease, **subject)
         assert claimed.lease_until is not None
+        self._issued.setdefault(claimed.message_id, set()).add(claimed.fence)
         left = claimed.lease_until.timestamp() - mailbox.store.clock()
         return self._done(
             tool,
@@ -1012,17 +1033,23 @@ class AgentTools:
             args = args.selector
         ids = {} if status is Status.POLICY_DENIED else _id(args)  # never echo another's id
         if status is Status.ALREADY_CLAIMED:
-            mine = result.get("holder") == self.mailbox.run_id
-            if mine:
+            ours = result.get("holder") == self.mailbox.run_id
+            if ours and self._mine(str(result.get("message_id")), result.get("fence")):
                 reason, then = "this run holds the claim already", _call("ack_message")
                 ids["fence"] = result.get("fence")
-            else:
+            else:  # the fence is its holder's proof: the test's, another toolset's, another run's
                 left = float(result.get("lease_until") or 0) - self.mailbox.store.clock()
-                reason, then = (
-                    "another holder has it leased",
-                    _poll("claim_message", round(left * 1000)),
+                reason = (
+                    "another holder of this run (the test or another toolset) has it leased"
+                    if ours
+                    else "another holder has it leased"
                 )
+                then = _poll("claim_message", round(left * 1000))
             return self._reply(status, then, reason, **ids)
+        if status is Status.FENCE_MISMATCH and isinstance(args, AckMessage):
+            taken = self._taken_since(args)
+            if taken is not None:
+                return self._reply(status, _STOP, taken, **ids)
         reason, then = _REFUSALS.get(status, (status.value, _STOP))
         if then is _FIX:  # its tool named: the budget decides whether it may be retried
             then = NextAction(do="fix_arguments", tool=tool.name)
@@ -1031,6 +1058,21 @@ class AgentTools:
         return self._reply(
             status if status in _REFUSALS else Status.PROVIDER_ERROR, then, reason, **ids
         )
+
+    def _taken_since(self, args: AckMessage) -> str | None:
+        """Why a refused ack must not lead to another claim: the message has a newer live
+        claim that is not this toolset's, or was consumed under another fence. Else None."""
+        row, now = self.mailbox.store.message(args.message_id), self.mailbox.store.clock()
+        if row is None or row.fence in self._issued.get(args.message_id, ()):
+            return None  # a later claim of its own: claiming again hands back its fence
+        if row.state == Status.CONSUMED.value:
+            return "another holder acknowledged it under a newer claim; do not act on it"
+        if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
+            return (
+                "that fence's claim is over and a newer claim by another holder has it "
+                "leased; acking is that holder's to do"
+            )
+        return None
 
     # -- the test side -----------------------------------------------------------------------
 
