@@ -925,6 +925,46 @@ def test_an_agent_cannot_ack_the_claim_the_test_holds_by_guessing_its_fence(
     assert mailbox_store.message(held.message_id).state == "consumed"  # type: ignore[union-attr]
 
 
+@pytest.mark.email_contract(purpose="signup", max_reads=5, lease=30)
+def test_a_claim_retried_by_selector_is_already_claimed_with_its_fence(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    claim = {"fixture_id": own, "selector": {"subject_contains": "Verify"}, "lease": None}
+    first = tools.call("claim_message", claim)
+    assert first["status"] == "claimed"
+    held = {
+        "status": "already_claimed",
+        "reason": "this run holds the claim already",
+        "fixture_id": own,
+        "message_id": first["message_id"],
+        "fence": first["fence"],
+        "next_action": {"do": "call", "tool": "ack_message"},
+    }
+    assert stable(tools.call("claim_message", claim)) == held | {"attempt": 2}  # one read
+    # another toolset of the run does not hold it: the claim is not shown to it
+    other = isolated_mailbox.agent_tools().call("claim_message", claim)
+    assert (other["status"], "fence" in other) == ("waiting", False)
+    # a second mail: the selector claims it, the only one unclaimed; then both are held
+    app.signup(isolated_mailbox.address)
+    second = tools.call("claim_message", claim)
+    assert (second["status"], second["attempt"]) == ("claimed", 4)
+    assert stable(tools.call("claim_message", claim)) == {
+        "status": "ambiguous",
+        "reason": "several messages match; claim one by message_id; this run's max_reads=5 "
+        "is used up, so claim_message would be refused (budget_exceeded); the test may raise "
+        "max_reads in its email_contract",
+        "fixture_id": own,
+        "attempt": 5,
+        "message_ids": [first["message_id"], second["message_id"]],
+        "next_action": {"do": "stop"},  # the fifth read: the budget would refuse a claim
+    }
+    ack = {"fixture_id": own, "message_id": first["message_id"], "fence": first["fence"]}
+    assert tools.call("ack_message", ack)["status"] == "consumed"
+
+
 @pytest.mark.email_contract(purpose="signup", max_reads=10, lease=30)
 def test_refusals_of_the_store_are_answers_that_tell_what_to_do(
     isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp

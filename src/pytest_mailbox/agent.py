@@ -47,7 +47,14 @@ from pydantic import model_validator as _model_validator
 
 from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status
 from pytest_mailbox.endpoint import normalize_domain
-from pytest_mailbox.errors import ExtractionError, MailboxClosed, MailboxError
+from pytest_mailbox.errors import (
+    AlreadyClaimed,
+    AmbiguousMatch,
+    ExtractionError,
+    MailboxClosed,
+    MailboxError,
+    WaitTimeout,
+)
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, _loop_running, running_trio
 from pytest_mailbox.message import (
     _URL_IN_TEXT,
@@ -1011,7 +1018,11 @@ class AgentTools:
             subject = (
                 {"subject_contains": chosen.subject_contains} if chosen.subject_contains else {}
             )
-            claimed = mailbox.wait_for(timeout=0, lease=args.lease, **subject)
+            try:
+                claimed = mailbox.wait_for(timeout=0, lease=args.lease, **subject)
+            except WaitTimeout:
+                self._held(subject)  # a retried claim: raises already_claimed
+                raise
         assert claimed.lease_until is not None
         self._issued.setdefault(claimed.message_id, set()).add(claimed.fence)
         left = claimed.lease_until.timestamp() - mailbox.store.clock()
@@ -1024,6 +1035,29 @@ class AgentTools:
             **self._link(claimed),
         )
 
+    def _held(self, subject: dict[str, str]) -> None:
+        """Raise ``AlreadyClaimed`` for the one live claim of this toolset that ``subject``
+        selects (``AmbiguousMatch`` for several), as a retried claim by message_id is told;
+        return if there is none. Only this toolset's own claims: a fence is its proof."""
+        mailbox, now = self.mailbox, self.mailbox.store.clock()
+        chosen = mailbox._selector(subject)
+        held = [
+            row
+            for row in mailbox.store.messages(mailbox.mailbox_id)
+            if row.state == Status.CLAIMED.value
+            and (row.lease_until or 0) > now
+            and row.fence in self._issued.get(row.message_id, ())
+            and mailbox._selects(row, chosen)
+        ]
+        if len(held) > 1:
+            ids = [row.message_id for row in held]
+            raise AmbiguousMatch(", ".join(ids), result={"message_ids": ids})
+        if held:
+            (row,) = held
+            result: dict[str, Any] = {"message_id": row.message_id, "fence": row.fence}
+            result |= {"holder": row.holder, "lease_until": row.lease_until}
+            raise AlreadyClaimed(f"{row.message_id}: this toolset holds it", result=result)
+
     def _refusal(self, exc: MailboxError, args: _Arguments, tool: _Tool) -> Answer:
         """A refusal of the mailbox or the store as an answer; never another run's ids."""
         status, result = exc.status, exc.result
@@ -1033,6 +1067,7 @@ class AgentTools:
             args = args.selector
         ids = {} if status is Status.POLICY_DENIED else _id(args)  # never echo another's id
         if status is Status.ALREADY_CLAIMED:
+            ids["message_id"] = result.get("message_id")  # named by the agent, or its own claim
             ours = result.get("holder") == self.mailbox.run_id
             if ours and self._mine(str(result.get("message_id")), result.get("fence")):
                 reason, then = "this run holds the claim already", _call("ack_message")

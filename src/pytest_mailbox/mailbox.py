@@ -651,6 +651,28 @@ class Mailbox:
     def _reject(
         self, row: MessageRow, selector: Selector, now: float, include_taken: bool
     ) -> str | None:
+        origin = self._origin_reason(row, selector)
+        if origin is not None:
+            return origin
+        if include_taken and row.holder == self.run_id:  # expect_none: not news to this run
+            return f"claimed by this run before (fence {row.fence})"
+        if not include_taken:
+            if row.state == Status.CONSUMED.value:
+                return f"already consumed (fence {row.fence})"
+            if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
+                return f"already claimed by run {row.holder} (fence {row.fence})"
+        return self._content_reason(row, selector)
+
+    def _selects(self, row: MessageRow, selector: Selector) -> bool:
+        """Whether ``selector`` picks ``row``, whatever its claim: a retried claim finds the
+        message it holds (the agent's ``claim_message`` by selector)."""
+        return (
+            self._origin_reason(row, selector) is None
+            and self._content_reason(row, selector) is None
+        )
+
+    def _origin_reason(self, row: MessageRow, selector: Selector) -> str | None:
+        """Why ``row`` is not this wait's mail at all (too early, another run's), or None."""
         after = selector.received_after if selector.received_after is not None else self._since
         if isinstance(after, Checkpoint) and row.seq <= after.seq:
             return "received before received_after"
@@ -663,14 +685,7 @@ class Mailbox:
         owner = self._run_header(row)
         if owner and owner != self.run_id:
             return f"{self.contract.run_header} belongs to run {owner}"
-        if include_taken and row.holder == self.run_id:  # expect_none: not news to this run
-            return f"claimed by this run before (fence {row.fence})"
-        if not include_taken:
-            if row.state == Status.CONSUMED.value:
-                return f"already consumed (fence {row.fence})"
-            if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
-                return f"already claimed by run {row.holder} (fence {row.fence})"
-        return self._content_reason(row, selector)
+        return None
 
     def _run_header(self, row: MessageRow) -> str | None:
         """The run id the message names: the sink indexes X-Run-Id; another name is parsed."""
