@@ -1143,6 +1143,34 @@ def test_after_a_dry_run_release_every_answer_still_says_dry_run(
     assert untouched(mailbox_store, isolated_mailbox) == before
 
 
+@pytest.mark.email_contract(purpose="signup", mode="dry-run")
+def test_in_a_dry_run_the_tests_release_is_terminal_too(isolated_mailbox: Mailbox) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    assert tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})["status"] == "reserved"
+    isolated_mailbox.release()  # a real release, by the test
+    released = {
+        "status": "released",
+        "reason": "the mailbox is released: terminal, the harness decides what comes next",
+        "fixture_id": own,
+        "dry_run": True,
+        "next_action": {"do": "stop"},
+    }
+    assert tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60}) == released
+    assert tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0}) == (
+        released
+    )
+    # another toolset of the run, made after the release, reads it too; nothing is counted
+    again = AgentTools.attach(isolated_mailbox.store, own, isolated_mailbox.fence)
+    assert again.call("claim_message", {"fixture_id": own, "selector": {}}) == released
+    assert [steps[-1] for _, steps, _ in trail(isolated_mailbox)] == [
+        "simulated",
+        "rejected",
+        "rejected",
+        "rejected",
+    ]
+
+
 @SIGNUP
 def test_resends_are_budgeted_and_later_waits_see_only_the_new_mail(
     isolated_mailbox: Mailbox, app: SignupApp

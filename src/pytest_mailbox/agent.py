@@ -810,7 +810,7 @@ class AgentTools:
                 answer = self._refusal(exc, args, tool)
                 call.steps.append("refused")
         if answer.status in (Status.RELEASED.value, Status.EXPIRED.value):
-            self._terminal = self._closed(Status(answer.status))
+            self._terminal = self._closed(Status(answer.status), simulated=dry)
         return answer.model_copy(update={"attempt": attempt, "remaining_ms": self._remaining_ms()})
 
     def _reply(
@@ -869,15 +869,17 @@ class AgentTools:
     def _terminal_now(self) -> Answer | None:
         """The terminal answer, once the mailbox is closed for this run's tools: released or
         expired, by these tools, by the test or another process (an MCP server), or, in a
-        dry run, released by a simulated release of any process's tools."""
+        dry run, also released by a simulated release of any process's tools. A dry run
+        reads the real state too: the test's release ends it as it ends a live run."""
         if self._terminal is None:
             if self._remaining_ms() == 0:
                 self._terminal = self._closed(Status.EXPIRED)
-            elif self.contract.mode == "dry-run":
-                if self._journal.released(self.mailbox.mailbox_id):
-                    self._terminal = self._closed(Status.RELEASED)
-            elif self.mailbox.state in _CLOSED_STATES:
-                self._terminal = self._closed(Status(self.mailbox.state))
+            elif (state := self.mailbox.state) in _CLOSED_STATES:
+                self._terminal = self._closed(Status(state))
+            elif self.contract.mode == "dry-run" and self._journal.released(
+                self.mailbox.mailbox_id
+            ):
+                self._terminal = self._closed(Status.RELEASED, simulated=True)
         return self._terminal
 
     def _over_budget(self, tool: _Tool) -> Answer:
@@ -888,9 +890,10 @@ class AgentTools:
             reason += " (wait_for_message and claim_message are reads)"
         return self._reply(Status.BUDGET_EXCEEDED, _STOP, reason)
 
-    def _closed(self, status: Status) -> Answer:
+    def _closed(self, status: Status, *, simulated: bool = False) -> Answer:
+        """The terminal answer; ``simulated``: released by a dry run's own release_mailbox."""
         reason = f"the mailbox is {status.value}: terminal, the harness decides what comes next"
-        if status is Status.RELEASED and self.contract.mode == "dry-run":
+        if simulated:
             reason = (
                 "dry-run: the mailbox counts as released for this dry run (the real one is "
                 "untouched): terminal, the harness decides what comes next"
