@@ -1866,6 +1866,41 @@ def test_only_whole_number_floats_in_range_pass_for_integers(
     ]
 
 
+def test_nan_and_infinity_seconds_are_rejected_as_not_finite(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    before = untouched(mailbox_store, isolated_mailbox)
+    wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+    claim = {"fixture_id": own, "selector": {}, "lease": None}
+    for tool, arguments, name in [
+        ("wait_for_message", wait, "timeout"),
+        ("claim_message", claim, "lease"),
+    ]:
+        for value in (float("nan"), float("inf"), float("-inf")):
+            given = {**arguments, name: value}
+            rejected = {
+                "status": "rejected",
+                "reason": f"invalid arguments for {tool}: {name}: Input should be a finite number",
+                "next_action": {"do": "fix_arguments", "tool": tool},
+            }
+            assert tools.call(tool, given) == rejected, (name, value)
+            assert tools.call(tool, json.dumps(given)) == rejected, (name, value)  # NaN, Infinity
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert {status for _, _, status in trail(isolated_mailbox)} == {"rejected"}
+    # the schemas the model is offered are as before: a plain bounded number
+    (parameters,) = (
+        d["input_schema"] for d in tools.definitions("anthropic") if d["name"] == "wait_for_message"
+    )
+    assert parameters["properties"]["timeout"] == {
+        "type": "number",
+        "minimum": 0,
+        "maximum": 60.0,
+        "description": "Seconds to wait at most.",
+    }
+
+
 def test_evidence_masks_an_id_only_when_the_agent_echoed_a_value_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -142,7 +142,9 @@ class WaitForMessage(_Arguments):
 
     fixture_id: FixtureId
     kind: Literal["link", "code"] = Field(description="What the expected message carries.")
-    timeout: float = Field(ge=0, le=MAX_WAIT, description="Seconds to wait at most.")
+    timeout: float = Field(
+        ge=0, le=MAX_WAIT, allow_inf_nan=False, description="Seconds to wait at most."
+    )
 
 
 class MessageSelector(_Arguments):
@@ -174,7 +176,11 @@ class ClaimMessage(_Arguments):
     fixture_id: FixtureId
     selector: MessageSelector
     lease: float | None = Field(
-        default=None, gt=0, le=3600, description="Lease in seconds; null for the default."
+        default=None,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Lease in seconds; null for the default.",
     )
 
 
