@@ -1421,6 +1421,22 @@ def test_definitions_in_the_shapes_of_openai_anthropic_and_mcp(isolated_mailbox:
     assert output["properties"]["status"]["enum"] == [s.value for s in Status] + ["rejected"]
     assert set(output["properties"]) == set(Answer.model_fields)
 
+    # the selector's one rule that a schema of OpenAI's strict subset cannot say (no oneOf,
+    # no not), said in its description in every format
+    rule = (
+        "Which message to claim: by message_id, or the only one whose subject contains a "
+        "text. Give one of message_id and subject_contains, not both: leave the other null "
+        "(both null: the only message there is to claim)."
+    )
+    for parameters in (
+        next(
+            d["function"]["parameters"] for d in openai if d["function"]["name"] == "claim_message"
+        ),
+        claim["input_schema"],
+        next(d["inputSchema"] for d in mcp if d["name"] == "claim_message"),
+    ):
+        assert parameters["properties"]["selector"]["description"] == rule
+
     with_resend = isolated_mailbox.agent_tools(resend=lambda address: None)
     assert [d["name"] for d in with_resend.definitions("anthropic")][-1] == "request_resend"
     with pytest.raises(ValueError, match="format='gemini' is not supported"):

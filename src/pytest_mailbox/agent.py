@@ -148,7 +148,9 @@ class WaitForMessage(_Arguments):
 
 
 class MessageSelector(_Arguments):
-    """Which message to claim: by message_id, or the only one whose subject contains a text."""
+    """Which message to claim: by message_id, or the only one whose subject contains a text.
+    Give one of message_id and subject_contains, not both: leave the other null (both null:
+    the only message there is to claim)."""
 
     message_id: MessageId | None = None
     subject_contains: str | None = Field(
@@ -359,6 +361,8 @@ def _schema(model: type[BaseModel], *, strict: bool) -> dict[str, Any]:
         if "$ref" in node:
             return clean(defs[node["$ref"].rsplit("/", 1)[-1]])
         out = {k: clean(v) for k, v in node.items() if k not in ("title", "default")}
+        if isinstance(out.get("description"), str):  # a docstring's lines: one line
+            out["description"] = " ".join(out["description"].split())
         if strict and "maxLength" in out:  # not in OpenAI's strict subset: said in words
             limit = out.pop("maxLength")
             out["description"] = (
