@@ -1313,6 +1313,26 @@ def test_a_message_with_several_allowed_links_is_found_and_no_link_is_shown(
     assert not any(token in json.dumps([found, claimed]) for token in tokens)
 
 
+@pytest.mark.email_contract(purpose="signup", lease=30)  # no link_domains: any host
+def test_a_token_in_a_links_host_is_not_shown_to_the_agent(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    label = "Zq8Xk2LmN4pR7tVw"  # a magic-link service that puts the token in the host
+    link = f"https://{label}.login.example.test/"
+    app.send(isolated_mailbox.address, "Log in", f"Open {link} to log in.\n")
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+
+    assert found["link"] == "https://….login.example.test/"
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+    assert claimed["link"] == found["link"]
+    assert tools.reveal(claimed["message_id"]) == link  # the harness reads it verbatim
+    shown = json.dumps([found, claimed, trail(isolated_mailbox)]).lower()
+    assert label.lower() not in shown
+
+
 # -- the test side -----------------------------------------------------------------------------
 
 

@@ -542,6 +542,14 @@ def test_code_from_html_only_mail() -> None:
         ("http://[broken/abc", "…"),
         # A browser reads a backslash as a slash: the host is evil.example, as shown.
         ("https://evil.example\\@app.example.test/verify", "https://evil.example/…/…"),
+        # A host label that looks like a token, as written (case included), is redacted.
+        ("https://Zq8Xk2LmN4pR7tVw.login.example.test/", "https://….login.example.test/"),
+        ("https://u:p@3f2a9c1e8b7d6a5f.example.test:8443/x", "https://….example.test:8443/…"),
+        (
+            "https://SpringPromo2026Launch.example.test/",
+            "https://springpromo2026launch.example.test/",
+        ),
+        ("https://xn--bcher-kva.example.test/", "https://xn--bcher-kva.example.test/"),
     ],
 )
 def test_redact_url(url: str, expected: str) -> None:

@@ -166,7 +166,8 @@ def redact_url(url: str) -> str:
     ``https://app.example.test/…/…?token=…&next=…``. Every path segment is redacted: a token
     may be any segment, and may look like a word (``/magic/plum-tiger-cloud-river``).
     Lower-case word query keys survive; their values, bare keys, credentials and the
-    fragment do not.
+    fragment do not. A host label that looks like a token (``_is_token``, read as written:
+    ``Zq8Xk2LmN4pR7tVw.login.example.test``) is redacted too; the rest of the host stays.
     """
     try:
         parts = urlsplit(_as_browsers_read(url.strip()))
@@ -177,8 +178,7 @@ def redact_url(url: str) -> str:
         port = parts.port
     except ValueError:  # not a number: dropped rather than shown
         port = None
-    if ":" in host:
-        host = f"[{host}]"
+    host = f"[{host}]" if ":" in host else _untokened_host(parts.netloc, host)
     if port is not None:
         host = f"{host}:{port}"
     out = f"{parts.scheme}:" if parts.scheme else ""
@@ -192,6 +192,19 @@ def redact_url(url: str) -> str:
             pairs.append(f"{_word_or_redacted(key)}={_REDACTED}" if sep else _REDACTED)
         out += "?" + "&".join(pairs)
     return out  # the fragment is dropped: single-page apps carry tokens there
+
+
+def _untokened_host(netloc: str, host: str) -> str:
+    """``host`` (lower case, as ``urlsplit`` reads it) with each label that looks like a
+    token redacted, judged as ``netloc`` writes it: its case tells random text from words."""
+    written = netloc.rpartition("@")[2].partition(":")[0].split(".")
+    labels = host.split(".")
+    if len(written) != len(labels):  # pragma: no cover - urlsplit reads netloc so
+        return host
+    return ".".join(
+        _REDACTED if _is_token(as_written) else label
+        for as_written, label in zip(written, labels, strict=True)
+    )
 
 
 def _as_browsers_read(url: str) -> str:
