@@ -1153,18 +1153,22 @@ def test_row_types_follow_their_tables_column_order(
     assert list(row_type._fields) == columns
 
 
-def test_a_store_remembers_the_pytest_run_that_made_it(tmp_path: Path) -> None:
+def test_a_runs_end_closes_and_counts_only_its_own_mailboxes(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
-    made = Store(path, testrun="run-one")
-    later = Store(path, testrun="run-two")  # a later process can never rename it
-    plain = Store(path)
+    first, second = Store(path, testrun="run-one"), Store(path, testrun="run-two")
     try:
-        assert (made.testrun, later.testrun, plain.testrun) == ("run-one", "run-one", "run-one")
+        assert not first.other_runs("run-one")
+        mine = reserve(first, run_id="r-1").mailbox_id
+        theirs = reserve(second, run_id="r-2").mailbox_id
+        assert first.other_runs("run-one") and second.other_runs("run-two")
+
+        assert first.close_orphans(testrun="run-one") == [mine]
+
+        assert first.stats(testrun="run-one")["reserved"] == 1
+        assert first.stats()["reserved"] == 2
+        theirs_now = second.mailbox(theirs)
+        assert theirs_now is not None and theirs_now.state == "reserved"
+        assert theirs_now.testrun == "run-two"
     finally:
-        for store in (made, later, plain):
-            store.close()
-    outside = Store(tmp_path / "outside.sqlite3")  # made by a script, not by a pytest run
-    try:
-        assert outside.testrun is None
-    finally:
-        outside.close()
+        first.close()
+        second.close()

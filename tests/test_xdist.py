@@ -115,35 +115,39 @@ from pytest_mailbox.store import Store
 
 
 def test_meets_a_second_run(mailbox_store):
-    # What a second run given the same --basetemp does as it starts: it empties the
-    # basetemp, then makes its store there and reserves a mailbox its test still holds.
-    for suffix in ("", "-wal", "-shm", ".lock"):
-        Path(f"{mailbox_store.path}{suffix}").unlink(missing_ok=True)
+    if {emptied}:
+        # The second run started later: it emptied the basetemp, store included.
+        for suffix in ("", "-wal", "-shm", ".lock"):
+            Path(f"{{mailbox_store.path}}{{suffix}}").unlink(missing_ok=True)
+    else:
+        # This run forgets a mailbox of its own in the store it shares.
+        Mailbox.reserve(mailbox_store, contract=EmailContract(), domain="mailbox.test")
+    # The second run's test holds a mailbox in the same file.
     second = Store(mailbox_store.path, testrun="the-second-run")
-    Mailbox.reserve(second, contract=EmailContract(), domain="mailbox.test")
+    Mailbox.reserve(second, contract=EmailContract(purpose="second"), domain="mailbox.test")
     second.close()
 """
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
-def test_the_end_of_a_run_leaves_a_second_runs_store_alone(
-    pytester: pytest.Pytester, workers: str
+@pytest.mark.parametrize("emptied", [True, False], ids=["second-run-emptied-it", "shared"])
+def test_the_end_of_a_run_closes_only_its_own_mailboxes(
+    pytester: pytest.Pytester, workers: str, emptied: bool
 ) -> None:
-    pytester.makepyfile(SECOND_RUN_SUITE)
+    pytester.makepyfile(SECOND_RUN_SUITE.format(emptied=emptied))
     basetemp = pytester.path / "basetemp"
 
     result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
 
     result.assert_outcomes(passed=1)
     with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
-        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
-            ("reserved", None)
-        ]
-        assert ("orphaned",) not in db.execute("SELECT status FROM events").fetchall()
+        states = db.execute("SELECT purpose, state, close_reason FROM mailboxes").fetchall()
+    mine = [] if emptied else [("mail", "released", "released_error")]
+    assert sorted(states) == sorted([*mine, ("second", "reserved", None)])
     result.stdout.fnmatch_lines(
-        [f"mailbox: {basetemp / STORE_NAME} is another pytest run's store (two runs *"]
+        [f"mailbox: another pytest run shares {basetemp / STORE_NAME} (two runs were given *"]
     )
-    result.stdout.no_fnmatch_line("mailbox: * consumed*")
+    result.stdout.no_fnmatch_line("mailbox: 2 reserved*")
 
 
 def _bound_free_port() -> int:

@@ -50,7 +50,9 @@ _in_call_key = pytest.StashKey[bool]()
 _attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's receipts
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
-_foreign_key = pytest.StashKey[str]()  # see _this_runs
+_foreign_key = pytest.StashKey[str]()  # another run shares the store: said at the end
+_run_key = pytest.StashKey[str]()  # the plugin's own id of this pytest run
+_RUN_INPUT = "pytest_mailbox_run"  # its key in an xdist worker's workerinput
 _testrun_key = pytest.StashKey[str]()
 _fixtures_key = pytest.StashKey["_Fixtures"]()
 #: A test's contract as its setup found it: its marker's, checked; None, no marker (the
@@ -99,13 +101,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_MarkerCheck(settings), "mailbox-marker")
     config.pluginmanager.register(_ShownOutput(), "mailbox-shown-output")
     # One id for the whole pytest run, shared by its xdist workers; kept in every receipt.
-    # The controller hands its own to xdist, which gives it to the workers: the store
-    # they make is then known as this run's (see _this_runs).
     workerinput: dict[str, str] = getattr(config, "workerinput", {})
-    testrun = workerinput.get("testrunuid") or getattr(config.option, "testrunuid", None)
-    config.stash[_testrun_key] = testrun = testrun or uuid.uuid4().hex
-    if _is_controller(config):
-        config.option.testrunuid = testrun
+    config.stash[_testrun_key] = workerinput.get("testrunuid") or uuid.uuid4().hex
+    # And the plugin's own, which the controller hands its workers (pytest_configure_node):
+    # recorded with every mailbox, so that a run's end closes only its own. xdist's may be
+    # given on the command line, the same for two runs.
+    config.stash[_run_key] = workerinput.get(_RUN_INPUT) or uuid.uuid4().hex
     if settings.receipts is not None and not _is_worker(config):
         try:
             writer = _ReceiptWriter(settings.receipts)
@@ -231,7 +232,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config.stash[_store_path_key] = path
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
-    sink = _new_sink(config, Store(path, testrun=config.stash[_testrun_key]), settings.port)
+    sink = _new_sink(config, Store(path), settings.port)
     try:
         sink.start()
     except SinkError as exc:
@@ -259,29 +260,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
+    run = config.stash[_run_key]
     store = Store(path)
     try:
-        if not _this_runs(store, config):
-            return
-        store.close_orphans()
+        store.close_orphans(testrun=run)
         store.reconcile()
-        config.stash[_stats_key] = store.stats()
+        config.stash[_stats_key] = store.stats(testrun=run)
+        if store.other_runs(run):
+            config.stash[_foreign_key] = (
+                f"mailbox: another pytest run shares {store.path} (two runs were given one "
+                "--basetemp); this run closed and counted only its own mailboxes: give each "
+                "run its own --basetemp"
+            )
     finally:
         store.close()
 
 
-def _this_runs(store: Store, config: pytest.Config) -> bool:
-    """Whether this run made ``store``. Two runs given one ``--basetemp`` at once: the
-    second one empties it and makes a store of its own at the same path, which the first
-    one's end must not touch (it would close the second's open mailboxes). Says so once."""
-    if store.testrun in (None, config.stash[_testrun_key]):
-        return True
-    config.stash[_foreign_key] = (
-        f"mailbox: {store.path} is another pytest run's store (two runs were given one "
-        "--basetemp): this run's end left its mailboxes alone; give each run its own "
-        "--basetemp"
-    )
-    return False
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller starts a worker: it gets the run's own id (see ``_run_key``)."""
+    node.workerinput[_RUN_INPUT] = node.config.stash[_run_key]
 
 
 class _Fixtures:
@@ -342,7 +340,7 @@ class _Fixtures:
         config.stash[_store_path_key] = path
         from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
-        store = Store(path, worker=_worker_name(config), testrun=config.stash[_testrun_key])
+        store = Store(path, worker=_worker_name(config), testrun=config.stash[_run_key])
         store.reconcile()
         yield store
         store.reconcile()
@@ -821,17 +819,18 @@ class _CrashReceipts:
             return
         node = getattr(report, "node", None)
         worker = str(getattr(getattr(node, "gateway", None), "id", ""))
+        workerinput: dict[str, str] = getattr(node, "workerinput", {})
+        testrun_uid = workerinput.get("testrunuid") or config.stash[_testrun_key]
         from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
         from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415
         from pytest_mailbox.store import Store  # noqa: PLC0415
 
         store = Store(path)
         try:
-            if not _this_runs(store, config):
-                return
             store.close_orphans(
                 owner=crashitem,
                 worker=worker,
+                testrun=config.stash[_run_key],
                 detail=f"worker {worker} crashed while running the test",
             )
             rows = [
@@ -843,7 +842,7 @@ class _CrashReceipts:
             receipts = [
                 Mailbox(store, row, contract=contract, nodeid=crashitem)
                 .receipt()
-                .model_copy(update={"testrun_uid": config.stash[_testrun_key]})
+                .model_copy(update={"testrun_uid": testrun_uid})
                 for row in rows
                 if row is not None
             ]

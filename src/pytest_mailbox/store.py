@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS mailboxes (
     state TEXT NOT NULL,
     close_reason TEXT,
     closed_at REAL,
-    worker TEXT NOT NULL DEFAULT ''  -- the process that reserved it (xdist's gw0, gw1, …)
+    worker TEXT NOT NULL DEFAULT '',  -- the process that reserved it (xdist's gw0, gw1, …)
+    testrun TEXT NOT NULL DEFAULT ''  -- the pytest run that reserved it (the plugin's own id)
 );
 -- No index holds the state: the steps of a test (waiting, claimed, consumed) rewrite
 -- no index page of this table. (A store from an earlier version loses its old ones.)
@@ -224,6 +225,7 @@ class MailboxRow(NamedTuple):
     close_reason: str | None
     closed_at: float | None
     worker: str = ""
+    testrun: str = ""
 
     @property
     def address(self) -> str:
@@ -343,6 +345,9 @@ class Store:
     ):
         self.path = Path(path)
         self.worker = worker  # recorded with every mailbox this handle reserves
+        #: The pytest run this handle works for, recorded with every mailbox it reserves:
+        #: two runs given one --basetemp may share the file, and each closes only its own.
+        self.testrun = testrun
         self.clock = clock
         self._busy_timeout = busy_timeout
         self.wal_limit = wal_limit
@@ -363,8 +368,11 @@ class Store:
             with self._write() as tx:
                 tx.executescript_in_tx(_SCHEMA)
                 columns = {row[1] for row in tx.all("PRAGMA table_info(mailboxes)")}
-                if "worker" not in columns:  # a store file from an earlier version
-                    tx.run("ALTER TABLE mailboxes ADD COLUMN worker TEXT NOT NULL DEFAULT ''")
+                for column in ("worker", "testrun"):  # a store file from an earlier version
+                    if column not in columns:
+                        tx.run(
+                            f"ALTER TABLE mailboxes ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
+                        )
                 (events,) = tx.one("SELECT sql FROM sqlite_master WHERE name = 'events'") or ("",)
                 if "WITHOUT ROWID" not in events.upper():  # its ids, store-wide, keep the order
                     tx.executescript_in_tx(_EVENTS_V1_TO_V2)
@@ -375,11 +383,6 @@ class Store:
                 self._digest_key: bytes = kept[0] if kept is not None else key
                 # The pytest run that made the file: another run given the same --basetemp
                 # replaces it, and the first run's end must leave the new one alone.
-                if testrun:
-                    tx.run("INSERT OR IGNORE INTO keys VALUES ('testrun', ?)", (testrun,))
-                maker = tx.one("SELECT value FROM keys WHERE name = 'testrun'")
-                #: The ``testrun`` the store was made for (None: made outside a pytest run).
-                self.testrun: str | None = str(maker[0]) if maker is not None else None
 
     # -- connections and transactions -------------------------------------------------
 
@@ -572,6 +575,7 @@ class Store:
                 close_reason=None,
                 closed_at=None,
                 worker=self.worker,
+                testrun=self.testrun,
             )
             tx.run(f"INSERT INTO mailboxes VALUES ({_marks(created)})", created)
             tx.event(mailbox_id, now, Status.RESERVED, f"{created.address} fence {created.fence}")
@@ -1032,12 +1036,13 @@ class Store:
         *,
         owner: str | None = None,
         worker: str = "",
+        testrun: str | None = None,
         detail: str = "the run ended with the mailbox open",
     ) -> list[str]:
-        """Release every mailbox still open, or only those ``owner`` reserved in ``worker``,
-        as ``released_error`` after an ``orphaned`` step (its test never released it: an
-        error, not a ttl that ran out, and its ``expires_at`` stays the one it was given);
-        the ids of those it closed.
+        """Release every mailbox still open (of the pytest run ``testrun`` only, if given),
+        or only those ``owner`` reserved in ``worker``, as ``released_error`` after an
+        ``orphaned`` step (its test never released it: an error, not a ttl that ran out,
+        and its ``expires_at`` stays the one it was given); the ids of those it closed.
 
         Only the process that outlives every test (the xdist controller, or the single
         process) calls this: at the very end of a run, when no test can still hold a
@@ -1047,7 +1052,9 @@ class Store:
         where: str = _OPEN
         params: tuple[str, ...] = ()
         if owner is not None:
-            where, params = f"{_OPEN} AND owner = ? AND worker = ?", (owner, worker)
+            where, params = f"{where} AND owner = ? AND worker = ?", (owner, worker)
+        if testrun is not None:  # and those reserved outside any run's handle
+            where, params = f"{where} AND testrun IN (?, '')", (*params, testrun)
         with self._write() as tx:
             now = self.clock()
             orphans = [
@@ -1073,22 +1080,35 @@ class Store:
         )
         return [str(row[0]) for row in rows.fetchall()]
 
-    def stats(self) -> dict[str, int]:
-        """Counts for the terminal summary."""
+    def stats(self, testrun: str | None = None) -> dict[str, int]:
+        """Counts for the terminal summary: of the pytest run ``testrun`` only, if given
+        (unrouted mail belongs to no run, and is counted whole)."""
         conn = self._conn()
+        ours, params = ("", ()) if testrun is None else ("testrun IN (?, '')", (testrun,))
+        of_run = f"mailbox_id IN (SELECT mailbox_id FROM mailboxes WHERE {ours})" if ours else ""
 
-        def count(sql: str) -> int:
-            return int(conn.execute(sql).fetchone()[0])
+        def count(table: str, *where: str) -> int:
+            clause = " AND ".join(w for w in where if w)
+            sql = f"SELECT COUNT(*) FROM {table}" + (f" WHERE {clause}" if clause else "")
+            return int(conn.execute(sql, params[: clause.count("?")]).fetchone()[0])
 
         return {
-            "reserved": count("SELECT COUNT(*) FROM mailboxes"),
-            "received": count("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NOT NULL"),
-            "claimed": count("SELECT COUNT(*) FROM claims"),
-            "consumed": count("SELECT COUNT(*) FROM messages WHERE state = 'consumed'"),
-            "expired": count("SELECT COUNT(*) FROM mailboxes WHERE state = 'expired'"),
-            "claims expired": count("SELECT COUNT(*) FROM claims WHERE state = 'expired'"),
-            "unrouted": count("SELECT COUNT(*) FROM messages WHERE mailbox_id IS NULL"),
+            "reserved": count("mailboxes", ours),
+            "received": count("messages", "mailbox_id IS NOT NULL", of_run),
+            "claimed": count("claims", of_run),
+            "consumed": count("messages", "state = 'consumed'", of_run),
+            "expired": count("mailboxes", "state = 'expired'", ours),
+            "claims expired": count("claims", "state = 'expired'", of_run),
+            "unrouted": count("messages", "mailbox_id IS NULL"),
         }
+
+    def other_runs(self, testrun: str) -> bool:
+        """Whether another pytest run reserved mailboxes in this store (two runs given one
+        ``--basetemp`` at once)."""
+        found = self._conn().execute(
+            "SELECT 1 FROM mailboxes WHERE testrun NOT IN (?, '') LIMIT 1", (testrun,)
+        )
+        return found.fetchone() is not None
 
     # -- helpers (run inside a write transaction) --------------------------------------
 
