@@ -926,18 +926,25 @@ def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
 def test_a_recorded_secret_is_masked_inside_a_word_with_its_digest_alone() -> None:
     # What xdist's controller has for a crashed worker's receipt: digests, no values.
     key = b"k" * 32
-    found = [digest(v, key) for v in ("QXKZTR", "4821")]
+    long_value = "Zq8xK2pLmN4vB7cR9tYwQ2sHj5Fd" * 3  # longer than any code: 84 characters
+    values = ("QXKZTR", "4821", "5QXKZTR", long_value)
+    found = [digest(v, key) for v in values]
     digests = Recorded(
-        frozenset(sha for sha, _ in found), lambda v: digest(v, key), frozenset(t for _, t in found)
+        frozenset(sha for sha, _ in found),
+        lambda v: digest(v, key),
+        frozenset(tail for _, tail in found),
+        frozenset(len(v) for v in values),
     )
 
     assert mask_subject("認証コードはQXKZTRです", digests) == "認証コードは••••TRです"
     assert mask_subject("code_QXKZTR and xQXKZTRy", digests) == "code_••••TR and x••••TRy"
     assert mask_recorded("PIN_4821 job 148213", digests) == "PIN_••21 job 148213"  # digits touch
+    assert mask_recorded("x48215QXKZTRy", digests) == "x4821•••••TRy"  # 4821 touches the 5
     assert mask_recorded("nothing here: QXKZTX", digests) == "nothing here: QXKZTX"
-    # A word too long to search that ends as a secret does, somewhere, is masked whole.
-    long_word = "a" * 300 + "TR"
-    assert mask_recorded(long_word, digests) == "\u2022" * 300 + "TR"
+    assert mask_recorded(f"token_{long_value}", digests) == "token_" + "\u2022" * 82 + "Fd"
+    # A word where a secret could end in too many places to try them all: masked whole.
+    many = "TR".join("a" * 3 for _ in range(200))
+    assert mask_recorded(many, digests) == "\u2022" * (len(many) - 2) + "aa"
 
 
 @pytest.mark.parametrize(
@@ -1017,19 +1024,29 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         # letters then digits is a name: its long digit runs are masked as any are
         ("COVID19 news, flight LH400, ISO8601", "COVID19 news, flight LH400, ISO••01"),
         ("From AB12CD@example.test", "From AB12CD@example.test"),  # an address is no code
-        # digits in groups, as codes are shown to be read; dates, times and short numbers stay
+        # digits in groups of one length, as codes are shown to be read
         ("Your code: 483 920", "Your code: ••• •20"),
         ("Code 5 1 8 2 7 9, or 713-604", "Code • • • • 7 9, or •••-•04"),
-        ("Call +1 555 123 4567", "Call +• ••• ••• ••67"),
+        ("code:483 920, コード483-920です", "code:••• •20, コード•••-•20です"),
+        ("483\u00a0920 or 48\u201339\u201320", "•••\u00a0•20 or ••\u2013••\u201320"),
+        # not dates, times, years, or numbers of several lengths or many digits
         (
             "Sent 2026-12-03 16:30, 3 Dec 2026 16:30 +0000",
             "Sent 2026-12-03 16:30, 3 Dec 2026 16:30 +0000",
         ),
-        ("Pages 10-20, order 12 345, v1.2.3", "Pages 10-20, order 12 345, v1.2.3"),
+        (
+            "At 2026-12-03T16:30:05Z or 2026-12-03T16:30:05+00:00",
+            "At 2026-12-03T16:30:05Z or 2026-12-03T16:30:05+00:00",
+        ),
+        ("Meeting on 03-12-2026 or 03.12.2026", "Meeting on 03-12-2026 or 03.12.2026"),
+        ("Season 2024-2025, 12 345 678 visitors", "Season ••24-••25, 12 345 678 visitors"),
+        ("Pages 10-20, HTTP 404 500 502, v1.2.3", "Pages 10-20, HTTP 404 500 502, v1.2.3"),
+        ("Call +1 555 123 4567", "Call +1 555 123 ••67"),  # its four-digit run only
         # a code of capitals and digits in groups joined by dashes; not a name's number
         ("Slack confirmation code: 4F2-7TB", "Slack confirmation code: •••••TB"),
-        ("Key AB12-CD34-EF56", "Key ••••••••••••56"),
+        ("Key AB12-CD34-EF56-GH78", "Key •••••••••••••••••78"),
         ("COVID-19 news, UTF-8, X-RAY", "COVID-19 news, UTF-8, X-RAY"),
+        ("CVE-2024-12345", "CVE-••24-•••45"),  # a name: its long digit runs only
     ],
 )
 def test_a_subject_shows_no_link_token_or_code(subject: str, masked: str) -> None:
@@ -1144,6 +1161,10 @@ def test_a_masker_finds_a_value_quoted_printable_escaped_in_a_raw_body() -> None
         assert "Zq8xK2pLmN4vB7cR9t" not in mask(text)
         assert "QX7K" not in mask(text)
     assert mask(glyphs) == "•" * 29 + "7K"
+    # pytest's cut of a repr is matched on the values as they are: eight characters of
+    # an escape are one character, which unrelated text shows as well
+    for cut in ("E   b'Subject: =E3=82=B3...'", "E   'Hello team...=E3=82=B3 and more'"):
+        assert mask(cut) == cut
 
 
 def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:

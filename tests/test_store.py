@@ -1160,14 +1160,16 @@ def test_a_runs_end_closes_and_counts_only_its_own_mailboxes(tmp_path: Path) -> 
         assert not first.other_runs("run-one")
         mine = reserve(first, run_id="r-1").mailbox_id
         theirs = reserve(second, run_id="r-2").mailbox_id
-        assert first.other_runs("run-one") and second.other_runs("run-two")
+        assert first.other_runs("run-one")
+        assert second.other_runs("run-two")
 
         assert first.close_orphans(testrun="run-one") == [mine]
 
         assert first.stats(testrun="run-one")["reserved"] == 1
         assert first.stats()["reserved"] == 2
         theirs_now = second.mailbox(theirs)
-        assert theirs_now is not None and theirs_now.state == "reserved"
+        assert theirs_now is not None
+        assert theirs_now.state == "reserved"
         assert theirs_now.testrun == "run-two"
     finally:
         first.close()

@@ -901,7 +901,9 @@ class Mailbox:
         def record(kind: str, value: str, host: str | None) -> None:
             self._extracted.update(remember_extracted(kind, value))
             sha, last2 = self.store.digest(value)
-            self.store.record_secret(self.mailbox_id, message_id, kind, sha, last2, host)
+            self.store.record_secret(
+                self.mailbox_id, message_id, kind, sha, last2, host, len(value)
+            )
 
         return record
 

@@ -59,10 +59,12 @@ _WORD = re.compile(r"[a-z]{1,16}(?:[-_][a-z]{1,16}){0,3}")
 #: ("r-44b17272f90f98a3"), nor those of a date or time (``when``): ISO 8601
 #: (``2026-12-03T16:30:00.5Z``), ``03/12/2026``, ``2026/12/03``, a time with its seconds'
 #: fraction, and the year, time and offset of an RFC 5322 date (``3 Dec 2026 16:30 +0000``).
+#: An ISO time keeps its zone (``16:30:05Z``, ``+00:00``); a day first takes ``/``, ``-``
+#: or ``.`` (``03-12-2026``, ``03.12.2026``).
 _WHEN = (
     r"(?<![^\W_])(?:"
-    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?"
-    r"|\d{1,2}/\d{1,2}/\d{4}|\d{4}/\d{1,2}/\d{1,2}"
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?"
+    r"|\d{1,2}[/.-]\d{1,2}[/.-]\d{4}|\d{4}/\d{1,2}/\d{1,2}"
     r"|(?:\d{4} )?\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?: [+-]\d{4})?"
     r")(?![^\W_])"
 )
@@ -82,18 +84,29 @@ _MIXED_CODE = re.compile(
     r"(?<![A-Za-z0-9])(?=[A-Z]*\d)(?=\d*[A-Z])(?![A-Z]+\d+(?![A-Za-z0-9]))"
     r"[A-Z\d]{5,15}(?![A-Za-z0-9@])"
 )
-#: Such a code in groups joined by dashes (``4F2-7TB``, ``AB12-CD34``), 5 to 15 capitals
-#: and digits in all; not letters, a dash, then digits, as names are (``COVID-19``,
-#: ``ISO-8601``, ``RFC-5322``).
-_DASHED_CODE = re.compile(
-    r"(?<![A-Za-z0-9-])(?=[A-Z-]*\d)(?=[\d-]*[A-Z])(?![A-Z]+-\d+(?![A-Za-z0-9-]))"
-    r"(?=(?:-?[A-Z\d]){5,15}(?![A-Za-z0-9-]))[A-Z\d]{2,8}(?:-[A-Z\d]{2,8})+(?![A-Za-z0-9@-])"
+#: Such a code in groups joined by dashes (``4F2-7TB``, ``AB12-CD34-EF56-GH78``), 5 to 24
+#: capitals and digits in all; not letters and dashed numbers, as names are
+#: (``COVID-19``, ``ISO-8601``, ``CVE-2024-12345``).
+_DASHED_CODE = (
+    r"(?<![A-Za-z0-9-])(?=[A-Z-]*\d)(?=[\d-]*[A-Z])(?![A-Z]+(?:-\d+)+(?![A-Za-z0-9-]))"
+    r"(?=(?:-?[A-Z\d]){5,24}(?![A-Za-z0-9-]))[A-Z\d]{2,8}(?:-[A-Z\d]{1,8})+(?![A-Za-z0-9@-])"
 )
-#: Digits in groups joined by a space or a dash, six or more in all, as codes are shown to
-#: be read (``483 920``, ``5 1 8 2 7 9``, ``713-604``), and phone numbers; not a date or
-#: a time (``when``, see ``_WHEN``).
-_GROUPED = re.compile(f"(?P<when>{_WHEN})|(?<![\\w.,:/-])\\d+(?:[ -]\\d+)+(?![\\w:/-])")
-_MIN_GROUPED = 6
+#: The codes masked whatever their context, a date or a time aside (``when``): its
+#: ``2026-12-03T16`` is neither a dashed nor a mixed code.
+_CODES = re.compile(
+    f"(?P<when>{_WHEN})|{_DASHED_CODE}|{_MIXED_CODE.pattern}"
+)  # fmt: skip
+#: Digits in groups of one length joined by a space or a dash, six to eight in all, as a
+#: code is shown to be read (``483 920``, ``48-39-20``, ``5 1 8 2 7 9``), also glued to
+#: another script (``コード483 920``); not a date or a time (``when``), nor years
+#: (``2024-2025``), nor numbers of several lengths (``12 345 678``, ``Dec 10 2026``).
+_GROUPED = re.compile(
+    f"(?P<when>{_WHEN})"
+    r"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:[ \-\u00a0\u2013]\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
+)
+_GROUP = re.compile(r"\d+")
+_YEAR = re.compile(r"(?:19|20)\d\d")
+_GROUPED_DIGITS = range(6, 9)
 #: A value its own mailbox extracted is masked inside a longer word from this length on.
 _MIN_INSIDE = 4
 _HEX = re.compile(r"[0-9A-Fa-f]+")
@@ -142,13 +155,16 @@ class Recorded:
     digest: Callable[[str], tuple[str, str]]
     #: Their last two characters: a word that ends otherwise is not one (no HMAC to run).
     tails: frozenset[str] | None = None
+    #: Their lengths: inside a word, only pieces of these lengths are tried.
+    sizes: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, rows: Iterable[Any], digest: Callable[[str], tuple[str, str]]) -> Recorded:
-        """From the store's ``secrets`` rows (``sha256``, ``last2``)."""
+        """From the store's ``secrets`` rows (``sha256``, ``last2``, ``size``)."""
         rows = list(rows)
         shas = frozenset(row["sha256"] for row in rows)
-        return cls(shas, digest, frozenset(row["last2"] for row in rows))
+        sizes = frozenset(row["size"] for row in rows if row["size"] is not None)
+        return cls(shas, digest, frozenset(row["last2"] for row in rows), sizes)
 
     def __contains__(self, value: object) -> bool:
         if not isinstance(value, str) or (self.tails is not None and value[-2:] not in self.tails):
@@ -229,8 +245,15 @@ def mask_secrets(text: str, recorded: Recorded | None = None) -> str:
 
 def _mask_grouped(match: re.Match[str]) -> str:
     found = match.group()
-    digits = sum(c.isdigit() for c in found)
-    if match.group("when") or digits < _MIN_GROUPED:
+    if match.group("when"):
+        return found
+    groups = _GROUP.findall(found)
+    digits = sum(map(len, groups))
+    if (
+        digits not in _GROUPED_DIGITS
+        or len({len(group) for group in groups}) > 1
+        or all(_YEAR.fullmatch(group) for group in groups)
+    ):
         return found
     hidden = iter(range(digits - 2))  # the last two digits show, as ``_keep_length``'s do
     return "".join("\u2022" if c.isdigit() and next(hidden, None) is not None else c for c in found)
@@ -248,7 +271,7 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     for value in sorted(present, key=len, reverse=True):
         text = _mask_value(text, value)
     text = _LONG_WORD.sub(_masked_if_token, text)
-    text = _MIXED_CODE.sub(_masked_word, _DASHED_CODE.sub(_masked_word, text))
+    text = _CODES.sub(_masked_code, text)
     return mask_secrets(text, recorded)
 
 
@@ -274,7 +297,7 @@ def mask_copied(text: str) -> str:
     what this process extracted lately (a code it waits for, a token out of a link)."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)
     text = _LONG_WORD.sub(_masked_if_token, text)
-    text = _MIXED_CODE.sub(_masked_word, _DASHED_CODE.sub(_masked_word, text))
+    text = _CODES.sub(_masked_code, text)
     return mask_extracted(mask_secrets(text))
 
 
@@ -305,6 +328,10 @@ def _masked_if_token(match: re.Match[str]) -> str:
 
 def _masked_word(match: re.Match[str]) -> str:
     return _keep_length(match.group())
+
+
+def _masked_code(match: re.Match[str]) -> str:
+    return match.group() if match.group("when") else _keep_length(match.group())
 
 
 def _redacted_link(match: re.Match[str]) -> str:
@@ -339,35 +366,41 @@ def mask_recorded(text: str, recorded: Recorded | None) -> str:
     return _SECRET_WORD.sub(hide, text) if recorded else text
 
 
-#: A recorded secret is looked for inside a word of up to this many characters (every
-#: piece of ``_MIN_INSIDE`` or more that ends in a recorded last two, ``_MAX_INSIDE`` at
-#: most): a longer word holding such an ending is masked whole, not searched.
-_MAX_SEARCHED = 256
-_MAX_INSIDE = 64
+#: A word with more places where a recorded secret could end inside it than this is
+#: masked whole rather than searched (each place costs an HMAC per recorded length).
+_MAX_TRIED = 256
 
 
 def _hide_inside(word: str, recorded: Recorded) -> str:
-    """``word`` with a recorded secret inside it masked (``認証コードは••••TRです``), as a
+    """``word`` with each recorded secret inside it masked (``認証コードは••••TRです``), as a
     mailbox that kept the value masks it: a process that has only the digests (xdist's
-    controller, for a crashed worker's receipt) tries every piece that ends as one does.
-    A piece of digits only counts where no digit touches it."""
+    controller, for a crashed worker's receipt) tries each piece of a recorded length
+    that ends as one does. A piece of digits only counts where no digit touches it."""
     if recorded.tails is None:
         return word
+    sizes = [n for n in sorted(recorded.sizes, reverse=True) if _MIN_INSIDE <= n < len(word)]
     ends = [i for i in range(_MIN_INSIDE, len(word) + 1) if word[i - 2 : i] in recorded.tails]
-    if not ends:
+    if not sizes or not ends:
         return word
-    if len(word) > _MAX_SEARCHED:
+    if len(ends) * len(sizes) > _MAX_TRIED:
         return _keep_length(word)
-    for end in reversed(ends):
-        for start in range(max(0, end - _MAX_INSIDE), end - _MIN_INSIDE + 1):
+    hidden = [False] * len(word)
+    for end in ends:
+        for size in sizes:
+            start = end - size
             piece = word[start:end]
-            if piece.isdigit() and (
-                word[start - 1 : start].isdigit() or word[end : end + 1].isdigit()
-            ):
+            if start < 0 or (piece.isdigit() and _digit_beside(word, start, end)):
                 continue
             if piece in recorded:
-                return _hide_inside(word[:start], recorded) + _keep_length(piece) + word[end:]
-    return word
+                hidden[start : end - 2] = [True] * (size - 2)
+                break
+    if not any(hidden):
+        return word
+    return "".join("\u2022" if h else c for c, h in zip(word, hidden, strict=True))
+
+
+def _digit_beside(word: str, start: int, end: int) -> bool:
+    return word[start - 1 : start].isdigit() or word[end : end + 1].isdigit()
 
 
 #: The links and codes this process extracted lately, to mask wherever an error, a
@@ -520,18 +553,20 @@ class Masker:
     def __init__(
         self, values: Collection[str], words: Collection[str] = (), shared: Collection[str] = ()
     ) -> None:
-        # A raw quoted-printable body shows ``=`` and non-ASCII as ``=3D``, ``=E3=82=B3``.
-        values = {form for v in values if v for form in (v, _quoted_printable(v))}
-        self.values = sorted(values, key=len, reverse=True)
-        shared = {form for v in shared if v for form in (v, _quoted_printable(v))}
-        self.shared = frozenset(shared) - values
+        given = {v for v in values if v}
+        also = {v for v in shared if v} - given
         # A cut is matched on codes and tokens only: a link's start is its host, which an
-        # unrelated line may show just as well (``Connecting to https://app…...``).
+        # unrelated line may show just as well (``Connecting to https://app…...``); and on
+        # values as they are, not escaped (eight characters of ``=E3=82=B3…`` are one).
         self.cut = [
-            v for v in (*self.values, *self.shared)
+            v for v in sorted(given, key=len, reverse=True) + sorted(also)
             if _MIN_CUT <= len(v) <= _MAX_PIECED and "://" not in v and "%3A%2F%2F" not in v
             and v[0] != "/"
         ]  # fmt: skip
+        # A raw quoted-printable body shows ``=`` and non-ASCII as ``=3D``, ``=E3=82=B3``.
+        escaped = {form for v in given for form in (v, _quoted_printable(v))}
+        self.values = sorted(escaped, key=len, reverse=True)
+        self.shared = frozenset({f for v in also for f in (v, _quoted_printable(v))}) - escaped
         self._by_piece: dict[str, list[str]] = {}
         shown = sorted({w for w in words if w and w not in self.values}, key=len, reverse=True)
         alternatives = "|".join(map(re.escape, shown))

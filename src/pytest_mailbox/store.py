@@ -146,6 +146,7 @@ CREATE TABLE IF NOT EXISTS secrets (
     sha256 TEXT NOT NULL,
     last2 TEXT NOT NULL,
     host TEXT,
+    size INTEGER,  -- its length: the pieces of a word a digest is tried on (receipts show it)
     PRIMARY KEY (message_id, kind, sha256)
 );
 CREATE INDEX IF NOT EXISTS secrets_mailbox ON secrets (mailbox_id);
@@ -373,6 +374,8 @@ class Store:
                         tx.run(
                             f"ALTER TABLE mailboxes ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"
                         )
+                if "size" not in {row[1] for row in tx.all("PRAGMA table_info(secrets)")}:
+                    tx.run("ALTER TABLE secrets ADD COLUMN size INTEGER")
                 (events,) = tx.one("SELECT sql FROM sqlite_master WHERE name = 'events'") or ("",)
                 if "WITHOUT ROWID" not in events.upper():  # its ids, store-wide, keep the order
                     tx.executescript_in_tx(_EVENTS_V1_TO_V2)
@@ -854,13 +857,20 @@ class Store:
         return digest(value, self._digest_key)
 
     def record_secret(
-        self, mailbox_id: str, message_id: str, kind: str, sha256: str, last2: str, host: str | None
+        self,
+        mailbox_id: str,
+        message_id: str,
+        kind: str,
+        sha256: str,
+        last2: str,
+        host: str | None,
+        size: int | None = None,
     ) -> None:
-        """Remember that a secret was extracted: its digest only, never its value."""
+        """Remember that a secret was extracted: its digest and length, never its value."""
         with self._write() as tx:
             tx.run(
-                "INSERT OR IGNORE INTO secrets VALUES (?,?,?,?,?,?)",
-                (mailbox_id, message_id, kind, sha256, last2, host),
+                "INSERT OR IGNORE INTO secrets VALUES (?,?,?,?,?,?,?)",
+                (mailbox_id, message_id, kind, sha256, last2, host, size),
             )
 
     def secrets(self, mailbox_id: str) -> list[sqlite3.Row]:
