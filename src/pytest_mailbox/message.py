@@ -86,9 +86,9 @@ _MIXED_CODE = re.compile(
 )
 #: Such a code in groups joined by dashes (``4F2-7TB``, ``AB12-CD34-EF56-GH78``), 5 to 24
 #: capitals and digits in all; not letters and dashed numbers, as names are
-#: (``COVID-19``, ``ISO-8601``, ``CVE-2024-12345``).
+#: (``COVID-19``, ``ISO-8601``, ``CVE-2024-12345``, ``EU-WEST-1``).
 _DASHED_CODE = (
-    r"(?<![A-Za-z0-9-])(?=[A-Z-]*\d)(?=[\d-]*[A-Z])(?![A-Z]+(?:-\d+)+(?![A-Za-z0-9-]))"
+    r"(?<![A-Za-z0-9-])(?=[A-Z-]*\d)(?=[\d-]*[A-Z])(?![A-Z]+(?:-[A-Z]+)*(?:-\d+)+(?![A-Za-z0-9-]))"
     r"(?=(?:-?[A-Z\d]){5,24}(?![A-Za-z0-9-]))[A-Z\d]{2,8}(?:-[A-Z\d]{1,8})+(?![A-Za-z0-9@-])"
 )
 #: The codes masked whatever their context, a date or a time aside (``when``): its
@@ -96,17 +96,18 @@ _DASHED_CODE = (
 _CODES = re.compile(
     f"(?P<when>{_WHEN})|{_DASHED_CODE}|{_MIXED_CODE.pattern}"
 )  # fmt: skip
-#: Digits in groups of one length joined by a space or a dash, six to eight in all, as a
-#: code is shown to be read (``483 920``, ``48-39-20``, ``5 1 8 2 7 9``), also glued to
-#: another script (``コード483 920``); not a date or a time (``when``), nor years
-#: (``2024-2025``), nor numbers of several lengths (``12 345 678``, ``Dec 10 2026``).
+#: Digits in groups of one length joined by a space or a dash, six to twelve in all, as a
+#: code is shown to be read (``483 920``, ``48-39-20``, ``5 1 8 2 7 9``, ``483 920 175``),
+#: also glued to another script (``コード483 920``) or followed by other numbers (``483 920
+#: 2026-12-03``); not a date or a time (``when``), nor years (``2024-2025``), nor numbers
+#: whose first groups differ in length (``12 345 678``, ``Dec 10 2026``).
 _GROUPED = re.compile(
     f"(?P<when>{_WHEN})"
     r"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:[ \-\u00a0\u2013]\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
 )
 _GROUP = re.compile(r"\d+")
 _YEAR = re.compile(r"(?:19|20)\d\d")
-_GROUPED_DIGITS = range(6, 9)
+_GROUPED_DIGITS = range(6, 13)
 #: A value its own mailbox extracted is masked inside a longer word from this length on.
 _MIN_INSIDE = 4
 _HEX = re.compile(r"[0-9A-Fa-f]+")
@@ -247,16 +248,24 @@ def _mask_grouped(match: re.Match[str]) -> str:
     found = match.group()
     if match.group("when"):
         return found
-    groups = _GROUP.findall(found)
-    digits = sum(map(len, groups))
+    groups = list(_GROUP.finditer(found))
+    size = len(groups[0].group())
+    # The groups of the first one's length that lead (a date or a number may follow:
+    # ``483 920 2026-12-03``, ``483 920 10 min``)
+    code = list(itertools.takewhile(lambda g: len(g.group()) == size, groups))
+    digits = size * len(code)
     if (
-        digits not in _GROUPED_DIGITS
-        or len({len(group) for group in groups}) > 1
-        or all(_YEAR.fullmatch(group) for group in groups)
+        len(code) < 2
+        or digits not in _GROUPED_DIGITS
+        or all(_YEAR.fullmatch(group.group()) for group in code)
     ):
         return found
+    end = code[-1].end()
     hidden = iter(range(digits - 2))  # the last two digits show, as ``_keep_length``'s do
-    return "".join("\u2022" if c.isdigit() and next(hidden, None) is not None else c for c in found)
+    shown = "".join(
+        "\u2022" if c.isdigit() and next(hidden, None) is not None else c for c in found[:end]
+    )
+    return shown + found[end:]
 
 
 def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[str] = ()) -> str:
@@ -555,11 +564,14 @@ class Masker:
     ) -> None:
         given = {v for v in values if v}
         also = {v for v in shared if v} - given
+        # An ASCII value's escaped form differs only in its ``=`` (``=3D``): a cut piece of
+        # it is as long as one of the value. Not another's: eight characters of
+        # ``=E3=82=B3…`` are one character, which unrelated text shows as well.
+        cuttable = given | {_quoted_printable(v) for v in given if v.isascii()}
         # A cut is matched on codes and tokens only: a link's start is its host, which an
-        # unrelated line may show just as well (``Connecting to https://app…...``); and on
-        # values as they are, not escaped (eight characters of ``=E3=82=B3…`` are one).
+        # unrelated line may show just as well (``Connecting to https://app…...``).
         self.cut = [
-            v for v in sorted(given, key=len, reverse=True) + sorted(also)
+            v for v in sorted(cuttable, key=len, reverse=True) + sorted(also)
             if _MIN_CUT <= len(v) <= _MAX_PIECED and "://" not in v and "%3A%2F%2F" not in v
             and v[0] != "/"
         ]  # fmt: skip

@@ -384,8 +384,6 @@ class Store:
                 tx.run("INSERT OR IGNORE INTO keys VALUES ('digest', ?)", (key,))
                 kept = tx.one("SELECT value FROM keys WHERE name = 'digest'")
                 self._digest_key: bytes = kept[0] if kept is not None else key
-                # The pytest run that made the file: another run given the same --basetemp
-                # replaces it, and the first run's end must leave the new one alone.
 
     # -- connections and transactions -------------------------------------------------
 
