@@ -407,6 +407,17 @@ def test_evidence_from_an_mcp_server_masks_what_the_test_extracted(
 # -- misbehaviour: an exact answer, nothing executed ------------------------------------------
 
 
+def not_issued(own: str) -> dict[str, Any]:
+    """The answer to an ack with a fence this toolset's claims never got."""
+    return {
+        "status": "policy_denied",
+        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
+        "own claim_message returned",
+        "fixture_id": own,
+        "next_action": {"do": "call", "tool": "claim_message"},
+    }
+
+
 @SIGNUP
 def test_another_runs_fixture_id_is_policy_denied(
     isolated_mailbox: Mailbox, mailbox_store: Store, email_contract: EmailContract, app: SignupApp
@@ -448,13 +459,7 @@ def test_another_runs_fixture_id_is_policy_denied(
     }
     # an ack needs a fence this toolset's own claim got: refused before the store is asked
     ack = {"fixture_id": own, "message_id": theirs.message_id, "fence": 1}
-    assert tools.call("ack_message", ack) == {
-        "status": "policy_denied",
-        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
-        "own claim_message returned",
-        "fixture_id": own,
-        "next_action": {"do": "call", "tool": "claim_message"},
-    }
+    assert tools.call("ack_message", ack) == not_issued(own)
     assert untouched(mailbox_store, other) == before
     assert mailbox_store.message(theirs.message_id).state == "waiting"  # type: ignore[union-attr]
     assert [steps for _, steps, _ in trail(isolated_mailbox)] == [["proposed", "rejected"]] * 4 + [
@@ -842,13 +847,7 @@ def test_a_stale_holder_never_gets_the_new_holders_fence(
         "next_action": {"do": "poll", "tool": "claim_message"},
     }
     # a fence this toolset was never given is refused before the store is asked
-    assert slow.call("ack_message", {**ack, "fence": second["fence"]}) == {
-        "status": "policy_denied",
-        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
-        "own claim_message returned",
-        "fixture_id": own,
-        "next_action": {"do": "call", "tool": "claim_message"},
-    }
+    assert slow.call("ack_message", {**ack, "fence": second["fence"]}) == not_issued(own)
     assert untouched(store, mailbox) == before
     assert fast.call("ack_message", {**ack, "fence": second["fence"]})["status"] == "consumed"
     assert stable(slow.call("ack_message", {**ack, "fence": first["fence"]})) == {
@@ -906,13 +905,7 @@ def test_an_agent_cannot_ack_the_claim_the_test_holds_by_guessing_its_fence(
     found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5})
     held = isolated_mailbox.claim(found["message_id"])  # the test holds the claim
     before = untouched(mailbox_store, isolated_mailbox)
-    refused = {
-        "status": "policy_denied",
-        "reason": "that fence was not issued to this toolset: ack only with the fence that its "
-        "own claim_message returned",
-        "fixture_id": own,
-        "next_action": {"do": "call", "tool": "claim_message"},
-    }
+    refused = not_issued(own)
     for fence in range(1, held.fence + 3):  # the held fence among them: the same answer
         ack = {"fixture_id": own, "message_id": held.message_id, "fence": fence}
         assert tools.call("ack_message", ack) == refused
@@ -1847,6 +1840,19 @@ def test_whole_number_floats_are_accepted_where_the_schema_says_integer(
 _VALID_INTEGER = "Input should be a valid integer"
 
 
+def assert_rejected(
+    tools: AgentTools, tool: str, given: dict[str, Any], name: str, problem: str
+) -> None:
+    """``given`` is rejected for ``name``, as a dict and as JSON text (NaN, Infinity)."""
+    rejected = {
+        "status": "rejected",
+        "reason": f"invalid arguments for {tool}: {name}: {problem}",
+        "next_action": {"do": "fix_arguments", "tool": tool},
+    }
+    assert tools.call(tool, given) == rejected, (name, given[name])
+    assert tools.call(tool, json.dumps(given)) == rejected, (name, given[name])
+
+
 @SIGNUP
 def test_only_whole_number_floats_in_range_pass_for_integers(
     isolated_mailbox: Mailbox, mailbox_store: Store
@@ -1886,14 +1892,7 @@ def test_only_whole_number_floats_in_range_pass_for_integers(
         ),
     ]
     for tool, arguments, name, value, problem in cases:
-        given = {**arguments, name: value}
-        rejected = {
-            "status": "rejected",
-            "reason": f"invalid arguments for {tool}: {name}: {problem}",
-            "next_action": {"do": "fix_arguments", "tool": tool},
-        }
-        assert tools.call(tool, given) == rejected, (name, value)
-        assert tools.call(tool, json.dumps(given)) == rejected, (name, value)  # NaN, Infinity
+        assert_rejected(tools, tool, {**arguments, name: value}, name, problem)
     assert untouched(mailbox_store, isolated_mailbox) == before
     trailed = trail(isolated_mailbox)
     assert [status for _, _, status in trailed[:5]] == ["reserved"] * 3 + ["policy_denied"] * 2
@@ -1916,13 +1915,7 @@ def test_nan_and_infinity_seconds_are_rejected_as_not_finite(
     ]:
         for value in (float("nan"), float("inf"), float("-inf")):
             given = {**arguments, name: value}
-            rejected = {
-                "status": "rejected",
-                "reason": f"invalid arguments for {tool}: {name}: Input should be a finite number",
-                "next_action": {"do": "fix_arguments", "tool": tool},
-            }
-            assert tools.call(tool, given) == rejected, (name, value)
-            assert tools.call(tool, json.dumps(given)) == rejected, (name, value)  # NaN, Infinity
+            assert_rejected(tools, tool, given, name, "Input should be a finite number")
     assert untouched(mailbox_store, isolated_mailbox) == before
     assert {status for _, _, status in trail(isolated_mailbox)} == {"rejected"}
     # the schemas the model is offered are as before: a plain bounded number
