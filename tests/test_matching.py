@@ -115,6 +115,7 @@ FINITE = "a POSIX timestamp is a finite number of seconds within years 1..9999"
         pytest.param(math.nan, FINITE, id="nan"),
         pytest.param(-math.inf, FINITE, id="-inf"),
         pytest.param(1e20, FINITE, id="year-past-9999"),
+        pytest.param(10**400, FINITE, id="int-past-any-float"),
         pytest.param(True, "a bool is no point in time", id="bool"),
         pytest.param(
             datetime(2026, 12, 3, 16, 30),  # no time zone: the point
@@ -1098,6 +1099,8 @@ def test_a_mailbox_cannot_ack_renew_or_give_back_another_runs_message(
         ("expect_none", "within", float("inf"), "seconds >= 0"),
         ("renew", "lease", -100, "seconds > 0"),
         ("claim", "lease", "30", "seconds > 0"),
+        ("claim", "lease", 10**400, "seconds > 0"),  # an int past any float
+        ("wait_for", "timeout", 10**400, "seconds >= 0"),
     ],
 )
 def test_a_bad_duration_for_one_call_is_refused_naming_it(
@@ -1126,6 +1129,31 @@ def test_a_bad_duration_for_one_call_is_refused_naming_it(
         f"{call}: {field}={value!r} is invalid; allowed: {allowed}, a finite number"
     )
     assert mailbox_store.messages(isolated_mailbox.mailbox_id) == before  # nothing claimed
+
+
+@pytest.mark.parametrize("reason", ["expired_timeout", "bogus", None, True])
+def test_a_release_reason_that_is_not_one_is_refused_naming_the_allowed_ones(
+    mailbox_store: Store, isolated_mailbox: Mailbox, reason: object
+) -> None:
+    with pytest.raises(ContractError) as refused:
+        isolated_mailbox.release(reason)  # type: ignore[arg-type]
+
+    assert str(refused.value) == (
+        f"release: reason={reason!r} is invalid; allowed: 'released_success' or 'released_error'"
+    )
+    row = mailbox_store.mailbox(isolated_mailbox.mailbox_id)
+    assert row is not None
+    assert row.state == "reserved"  # nothing was released
+
+
+def test_a_release_reason_may_be_given_as_its_value(
+    mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    isolated_mailbox.release("released_error")
+
+    row = mailbox_store.mailbox(isolated_mailbox.mailbox_id)
+    assert row is not None
+    assert (row.state, row.close_reason) == ("released", "released_error")
 
 
 def test_expect_none_is_not_set_off_by_a_message_this_run_already_took(
@@ -1176,6 +1204,8 @@ def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
     assert (secret.kind, secret.host) == ("link", "app.example.test")
     with pytest.raises(ContractError, match=r"link domain 'www\.example\.org' is not allowed"):
         one.link(domain="www.example.org")
+    with pytest.raises(ExtractionError, match=r"^link\(domain=5\): give a host name"):
+        one.link(domain=5)  # type: ignore[arg-type]
 
     two = "https://app.example.test/a https://cdn.example.test/b https://www.example.org/c\n"
     send(mailbox_server, mail(isolated_mailbox.address, "Two", text=two))

@@ -71,6 +71,25 @@ def test_bad_value_is_refused_naming_the_setting_and_what_it_allows(
         assert f"settings: {name}={value!r} ({where}) {allowed}" in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "allowed"),
+    [
+        ("port", "\uff12\uff15", "an integer 0..65535"),  # full-width digits: not 25
+        ("max_message_size", "1_048_576", "an integer 1024..1073741824"),
+        ("idle_timeout", "3\u0660", "seconds 0.1..3600"),  # an Arabic-Indic zero
+        ("timeout", "1_0", "seconds > 0"),
+    ],
+)
+def test_a_number_is_written_as_a_config_file_writes_it(
+    option: str, value: str, allowed: str
+) -> None:
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        Settings.resolve(cli={option: value}, ini={}, env={})
+
+    flag = "--mailbox-" + option.replace("_", "-")
+    assert str(refused.value) == f"{flag}={value!r} is invalid; allowed: {allowed}"
+
+
 @pytest.mark.parametrize("kind", ["device", "pipe"])
 def test_receipts_to_a_device_or_a_pipe_is_a_usage_error_not_a_crash_or_a_hang(
     pytester: pytest.Pytester, kind: str
@@ -184,6 +203,28 @@ def test_non_loopback_host_can_be_acknowledged(pytester: pytest.Pytester) -> Non
 
     result.assert_outcomes(passed=1)
     result.stdout.no_fnmatch_line("*ExposedSinkWarning*")
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_host_this_machine_cannot_listen_on_stops_the_run_before_any_test(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makepyfile("def test_a(isolated_mailbox): pass\ndef test_b(isolated_mailbox): pass")
+
+    result = pytester.runpytest(
+        "-n", workers, "--mailbox-host=192.0.2.1",  # TEST-NET-1: no machine's own address
+        "-W", "ignore::pytest_mailbox.ExposedSinkWarning",
+    )  # fmt: skip
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-mailbox cannot listen on 192.0.2.1:0: *; --mailbox-host / "
+            "mailbox_host must be an address of this machine *"
+        ]
+    )
+    assert sum("cannot listen" in line for line in result.errlines + result.outlines) == 1
+    result.stdout.no_fnmatch_line("*test_a*")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
@@ -607,3 +648,27 @@ def test_bad_toml_list_is_refused_naming_the_setting(
 
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: pytest-mailbox: {expected}"])
+
+
+@pytest.mark.skipif(pytest.version_tuple < (9,), reason="pytest 8 has no [tool.pytest] table")
+@pytest.mark.parametrize(
+    ("toml", "shown"),
+    [
+        ("mailbox_link_domains = true", "ini mailbox_link_domains=True"),
+        ("mailbox_ttl = 1979-05-27", "ini mailbox_ttl=datetime.date(1979, 5, 27)"),
+        ("mailbox_receipts = {path = 'r.jsonl'}", "ini mailbox_receipts={'path': 'r.jsonl'}"),
+    ],
+)
+def test_a_toml_value_of_another_kind_is_refused_saying_what_the_setting_allows(
+    pytester: pytest.Pytester, toml: str, shown: str
+) -> None:
+    pytester.makepyprojecttoml(f"[tool.pytest]\n{toml}\n")
+    pytester.makepyfile("def test_it(): pass")
+
+    result = pytester.runpytest("-n", "0")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    option = next(o for o in OPTIONS if toml.startswith(o.ini + " "))
+    result.stderr.fnmatch_lines(
+        [f"ERROR: pytest-mailbox: {shown} is invalid; allowed: {option.allowed}"]
+    )

@@ -215,8 +215,8 @@ class Selector(BaseModel):
                 raise ValueError(msg)
             return value
         if isinstance(value, numbers.Real | decimal.Decimal) and not isinstance(value, bool):
-            seconds = float(value)
             try:
+                seconds = float(value)
                 utc(seconds)
             except (OverflowError, OSError, ValueError):  # NaN, infinities, past year 9999
                 msg = "a POSIX timestamp is a finite number of seconds within years 1..9999"

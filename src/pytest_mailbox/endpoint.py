@@ -7,8 +7,10 @@ xdist controller never runs a sink: none of that should import asyncio and aiosm
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import re
+import socket
 import threading
 from typing import Any
 
@@ -19,8 +21,10 @@ __all__ = [
     "Signal",
     "SinkError",
     "SmtpEndpoint",
+    "check_host",
     "host_name",
     "is_loopback",
+    "listen",
     "normalize_domain",
     "split_address",
 ]
@@ -35,6 +39,56 @@ DATA_POLICIES = ("flag", "refuse")
 
 class SinkError(RuntimeError):
     """The sink could not start; the message names the option to change."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening, or ``SinkError`` naming the option
+    to change."""
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
+    # the listener says TCP (proto 0 does not), and without it every client that opens a
+    # connection per mail waits ~40 ms on Nagle's algorithm.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise _cannot_listen(host, port, exc) from exc
+    return sock
+
+
+def check_host(host: str) -> None:
+    """``SinkError`` if ``host`` is no address this machine can listen on: the plugin tries
+    it once at start-up (bound to a free port, never listening, then closed), so that such
+    a host is a usage error, not an error in every test that asks for a sink."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError as exc:
+            raise _cannot_listen(host, 0, exc) from exc
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> SinkError:
+    where = f"pytest-mailbox cannot listen on {host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return SinkError(
+            f"{where}: the port is already in use by another program; free it, or choose "
+            "another port with --mailbox-port / mailbox_port (0 picks a free one)"
+        )
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
+        return SinkError(
+            f"{where}: {exc.strerror}; --mailbox-host / mailbox_host must be an address of "
+            "this machine (the default, 127.0.0.1, always is)"
+        )
+    if exc.errno == errno.EACCES:
+        return SinkError(
+            f"{where}: {exc.strerror}; ports below 1024 need privileges: choose another with "
+            "--mailbox-port / mailbox_port (0 picks a free one)"
+        )
+    return SinkError(f"{where}: {exc.strerror}")
 
 
 class Signal:

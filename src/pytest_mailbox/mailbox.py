@@ -99,6 +99,10 @@ def new_run_id() -> str:
     return f"r-{secrets.token_hex(8)}"
 
 
+#: What a test may close its mailbox with (``expired_timeout`` is the ttl's to give).
+_RELEASE_REASONS = (CloseReason.RELEASED_SUCCESS, CloseReason.RELEASED_ERROR)
+
+
 def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None:
     """Refuse a duration given to one call that is not a finite number of seconds above
     zero (or at least zero): a lease of 0 would hand back a claim already lapsed, and a
@@ -107,7 +111,10 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
         return
     ok = False
     if isinstance(value, int | float) and not isinstance(value, bool):
-        ok = math.isfinite(value) and (value >= 0 if zero else value > 0)
+        try:
+            ok = math.isfinite(value) and (value >= 0 if zero else value > 0)
+        except OverflowError:  # an int past any float: no duration
+            ok = False
     if not ok:
         allowed = "seconds >= 0" if zero else "seconds > 0"
         msg = f"{call}: {name}={value!r} is invalid; allowed: {allowed}, a finite number"
@@ -189,7 +196,8 @@ class ClaimedMessage(Message):
             candidates, where, hint = self._link_candidates(None, path, hosts=set(allowed))
             where = f" on {', '.join(allowed)} (email_contract link_domains)" + where
             return self._one_link(candidates, where, hint)
-        if allowed and normalize_domain(domain or "") not in allowed:
+        # Not a string: Message.link says what a domain must be.
+        if allowed and isinstance(domain, str) and normalize_domain(domain) not in allowed:
             msg = (
                 f"link domain {domain!r} is not allowed by email_contract "
                 f"link_domains={list(allowed)}; pass one of them as domain=, or none"
@@ -834,10 +842,16 @@ class Mailbox:
             f"release {message_id}",
         )
 
-    def release(self, reason: CloseReason = CloseReason.RELEASED_SUCCESS) -> Outcome:
+    def release(self, reason: CloseReason | str = CloseReason.RELEASED_SUCCESS) -> Outcome:
         """End the reservation; every later operation on it is refused, a second release
-        too (``MailboxClosed``, as every other call on a closed mailbox)."""
+        too (``MailboxClosed``, as every other call on a closed mailbox). ``reason``:
+        ``released_success`` or ``released_error`` (a ``CloseReason`` or its value)."""
         __tracebackhide__ = True
+        if reason not in _RELEASE_REASONS:
+            allowed = " or ".join(repr(r.value) for r in _RELEASE_REASONS)
+            msg = f"release: reason={reason!r} is invalid; allowed: {allowed}"
+            raise ContractError(msg)
+        reason = CloseReason(reason)
         self._ensure_open()
         outcome = self.store.release(self.mailbox_id, self.fence, reason)
         _LIVE.discard(self)

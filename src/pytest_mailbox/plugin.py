@@ -18,7 +18,7 @@ import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
 from _pytest._code.code import TerminalRepr
 
-from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, is_loopback
+from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, check_host, is_loopback
 from pytest_mailbox.errors import ExposedSinkWarning
 from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt
 from pytest_mailbox.settings import OPTIONS, Settings
@@ -139,10 +139,13 @@ def _ini_keys(config: pytest.Config) -> list[str]:
 
 
 def _ini_value(config: pytest.Config, key: str) -> object:
-    """``getini``, but a TOML list as it is: pytest 9.2 registers no type that takes both
-    a string and a list in ``[tool.pytest]`` (Settings checks which settings take one)."""
+    """``getini``, but a TOML value that is no string or number as it is: a list, which
+    pytest 9.2 registers no type to take beside a string in ``[tool.pytest]`` (Settings
+    checks which settings take one), and a boolean, a date or a table, which pytest would
+    refuse without saying what the setting allows (Settings does)."""
     raw = getattr(config.__dict__.get("_inicfg", {}).get(key), "value", None)
-    return raw if isinstance(raw, list) else config.getini(key)
+    plain = raw is None or (isinstance(raw, str | int | float) and not isinstance(raw, bool))
+    return config.getini(key) if plain else raw
 
 
 def _warn_exposed(config: pytest.Config, host: str) -> None:
@@ -221,11 +224,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Fixed-port mode: the process that outlives every test serves the port for the run.
 
     That is the xdist controller (or the only process), so a worker that finishes early
-    never takes the port, or mail in flight, with it.
+    never takes the port, or mail in flight, with it. Otherwise, each worker's sink binds
+    a free port of its own: the host is tried once here, so that one this machine cannot
+    listen on stops the run (a usage error) before any test.
     """
     config = session.config
     settings = config.stash[_settings_key]
-    if settings.port == 0 or _is_worker(config):
+    if _is_worker(config):
+        return
+    if settings.port == 0:  # each worker's sink binds a free port: try the host once here
+        try:
+            check_host(settings.host)
+        except SinkError as exc:
+            raise pytest.UsageError(str(exc)) from None
         return
     factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
     path = store_path(config, factory)

@@ -30,8 +30,17 @@ if TYPE_CHECKING:
 __all__ = ["OPTIONS", "Option", "Settings", "options_table"]
 
 
+def _plain(text: str) -> str:
+    """``text`` if it is written as a number is in a config file: ASCII digits, no ``_``
+    (Python's ``int`` and ``float`` also take ``１２`` and ``1_000``)."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def _int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
+        text = _plain(text)
         try:
             value = int(text)
         except ValueError:  # "120.0": a whole number, as a TOML float or JSON gives it
@@ -47,7 +56,7 @@ def _int(low: int, high: int) -> Callable[[str], int]:
 
 
 def _number(text: str) -> float:
-    value = float(text)
+    value = float(_plain(text))
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(text)
     return value
@@ -55,7 +64,7 @@ def _number(text: str) -> float:
 
 def _seconds(low: float, high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        value = float(text)
+        value = float(_plain(text))
         if not low <= value <= high:  # also refuses nan
             raise ValueError(text)
         return value
@@ -407,8 +416,11 @@ def _parse(option: Option, value: object, source: str) -> Any:
                 )
                 raise ValueError(msg)
         text = " ".join(value)
-    else:
+    elif isinstance(value, str | int | float) and not isinstance(value, bool):
         text = str(value).strip()
+    else:  # a TOML boolean, date, table, or a list for a setting of one value
+        msg = f"{source}={value!r} is invalid; allowed: {option.allowed}"
+        raise ValueError(msg)
     try:
         return option.parse(text)
     except (ValueError, TypeError):

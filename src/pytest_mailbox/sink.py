@@ -6,7 +6,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import errno
 import logging
 import re
 import socket
@@ -26,6 +25,7 @@ from pytest_mailbox.endpoint import (
     SinkError,
     SmtpEndpoint,
     is_loopback,
+    listen,
     normalize_domain,
     split_address,
 )
@@ -691,38 +691,7 @@ class MailSink(SmtpEndpoint):
         return Incoming(mail_from or "", deliveries, raw, found.subject, found.run_header, defects)
 
     def _bind(self) -> socket.socket:
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
-        # the listener says TCP (proto 0 does not), and without it every client that opens a
-        # connection per mail waits ~40 ms on Nagle's algorithm.
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-            sock.listen(128)
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                msg = (
-                    f"pytest-mailbox cannot listen on {self.host}:{self.port}: the port is "
-                    "already in use by another program; free it, or choose another port "
-                    "with --mailbox-port / mailbox_port (0 picks a free one)"
-                )
-            elif exc.errno == errno.EADDRNOTAVAIL:
-                msg = (
-                    f"pytest-mailbox cannot listen on {self.host}:{self.port}: "
-                    f"{exc.strerror}; --mailbox-host / mailbox_host must be an address of "
-                    "this machine (the default, 127.0.0.1, always is)"
-                )
-            elif exc.errno == errno.EACCES:
-                msg = (
-                    f"pytest-mailbox cannot listen on {self.host}:{self.port}: "
-                    f"{exc.strerror}; ports below 1024 need privileges: choose another with "
-                    "--mailbox-port / mailbox_port (0 picks a free one)"
-                )
-            else:
-                msg = f"pytest-mailbox cannot listen on {self.host}:{self.port}: {exc.strerror}"
-            raise SinkError(msg) from exc
+        sock = listen(self.host, self.port)
         sock.setblocking(False)
         return sock
 
