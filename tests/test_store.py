@@ -12,6 +12,7 @@ import sqlite3
 from contextlib import closing
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pytest
 from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
@@ -448,6 +449,43 @@ def test_mailbox_reserve_holds_the_contract_to_its_limits(
     row = store.mailbox(wide.mailbox_id)
     assert row is not None
     assert row.expires_at - row.created_at == 7200
+
+
+#: What ``Mailbox.reserve`` allows: what mailbox_domain and mailbox_ttl_max allow.
+RESERVE_ALLOWS = {
+    "domain": "a domain name",
+    "ttl_max": "an integer 1..86400",
+    "contract": "an EmailContract (EmailContract(**fields) builds one from a dict)",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param(name, value, id=f"{name}={value!r}")
+        for name, values in (
+            ("domain", ("", "a b", "x@b.test", "https://a.test/", 5, None)),
+            ("ttl_max", (0, -1, 86401, 1.5, float("nan"), "x", None, True)),
+            ("contract", ({"purpose": "signup"},)),
+        )
+        for value in values
+    ],
+)
+def test_mailbox_reserve_refuses_a_bad_argument_naming_it_and_what_it_allows(
+    store: Store, db: Path, name: str, value: object
+) -> None:
+    # No address on "a b", no ttl limit silently off, no AttributeError deep inside.
+    arguments: dict[str, Any] = {"contract": CONTRACT, "domain": DOMAIN, name: value}
+
+    with pytest.raises(ContractError) as refused:
+        Mailbox.reserve(store, **arguments)
+
+    assert str(refused.value) == (
+        f"Mailbox.reserve: {name}={value!r} is invalid; allowed: {RESERVE_ALLOWS[name]}"
+    )
+    assert rows(db, "SELECT COUNT(*) FROM mailboxes") == [(0,)]
+    kept = Mailbox.reserve(store, contract=EmailContract(), domain=" Bücher.Test. ", ttl_max=60.0)
+    assert (kept.domain, kept.contract.ttl) == ("xn--bcher-kva.test", 60)
 
 
 def test_a_second_release_is_refused_like_any_call_on_a_closed_mailbox(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 import secrets
@@ -59,6 +60,7 @@ from pytest_mailbox.message import (
     mask_subject,
     remember_extracted,
 )
+from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
 from pytest_mailbox.vocabulary import DEFAULT_TTL_MAX, utc
 
@@ -119,6 +121,13 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
         allowed = "seconds >= 0" if zero else "seconds > 0"
         msg = f"{call}: {name}={value!r} is invalid; allowed: {allowed}, a finite number"
         raise ContractError(msg)
+
+
+@functools.lru_cache(maxsize=16)
+def _domain(domain: str) -> str:
+    """``domain`` as ``mailbox_domain`` takes it (``ValueError`` otherwise), remembered:
+    every test of a run reserves on the same one, and checking it costs a microsecond."""
+    return str(argument("domain", domain, str))
 
 
 def _describe(selector: Selector) -> str:
@@ -263,8 +272,21 @@ class Mailbox:
 
         The contract is held to ``ttl_max`` (the plugin passes ``mailbox_ttl_max``) and its
         lease to its ttl, as the plugin holds a marker: ``ContractError`` names the fix. A
-        ttl nobody gave is at most ``ttl_max``, as in the plugin's settings.
+        ttl nobody gave is at most ``ttl_max``, as in the plugin's settings. ``domain`` and
+        ``ttl_max`` take what ``mailbox_domain`` and ``mailbox_ttl_max`` take.
         """
+        if not isinstance(contract, EmailContract):
+            msg = (
+                f"Mailbox.reserve: contract={contract!r} is invalid; allowed: an EmailContract "
+                "(EmailContract(**fields) builds one from a dict)"
+            )
+            raise ContractError(msg)
+        try:
+            ttl_max = argument("ttl_max", ttl_max, (int, float))
+            # Not a string: refused, and never hashed by the cache.
+            domain = _domain(domain) if isinstance(domain, str) else argument("domain", domain, str)
+        except ValueError as exc:
+            raise ContractError(f"Mailbox.reserve: {exc}") from None
         if "ttl" not in contract.model_fields_set and contract.ttl > ttl_max:
             given = contract.model_dump(exclude_unset=True)
             contract = EmailContract(**{**given, "ttl": ttl_max})
@@ -280,7 +302,7 @@ class Mailbox:
             run_id=run_id or new_run_id(),
             purpose=contract.purpose,
             ttl=contract.ttl,
-            domain=normalize_domain(domain),
+            domain=domain,
             owner=nodeid,
             fresh=run_id is None,
         )

@@ -27,7 +27,7 @@ from pytest_mailbox.vocabulary import CONTRACT_FIELDS, DEFAULT_LEASE, DEFAULT_TT
 if TYPE_CHECKING:
     from pytest_mailbox.contract import EmailContract
 
-__all__ = ["OPTIONS", "Option", "Settings", "options_table"]
+__all__ = ["OPTIONS", "Option", "Settings", "argument", "options_table"]
 
 
 def _plain(text: str) -> str:
@@ -263,6 +263,31 @@ OPTIONS: tuple[Option, ...] = (
         many=True,
     ),
 )
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def argument(
+    name: str,
+    value: object,
+    kind: type | tuple[type, ...],
+    parse: Callable[[str], Any] | None = None,
+    allowed: str = "",
+) -> Any:
+    """An argument of the API (``MailSink(port=)``, ``Store(busy_timeout=)``), parsed: of
+    type ``kind`` (never a bool), held to ``parse``, by default that of the setting of the
+    same name, so the API refuses what the options refuse. ``ValueError`` names the argument
+    and what it allows."""
+    if parse is None:
+        parse, allowed = _BY_NAME[name].parse, _BY_NAME[name].allowed
+    if isinstance(value, kind) and not isinstance(value, bool):
+        try:
+            return parse(str(value))
+        except ValueError:
+            pass
+    msg = f"{name}={value!r} is invalid; allowed: {allowed}"
+    raise ValueError(msg)
+
 
 _CONTRACT_KEYS = (
     "purpose",
