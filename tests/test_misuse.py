@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_mailbox import EmailContract
+from pytest_mailbox import EmailContract, MailSink, Store
 from pytest_mailbox.settings import OPTIONS, Option, Settings
 
 #: One invalid value per setting, and what the refusal must say it allows.
@@ -303,6 +303,45 @@ def test_limits_and_policies_reach_the_sink(pytester: pytest.Pytester) -> None:
     )
 
     result.assert_outcomes(passed=1)
+
+
+#: Bad values for the arguments of MailSink that are settings too.
+SINK_BAD = {
+    "host": ("", "mail.example.test"),  # "" bound every interface, as smtp://:port
+    "port": (-1, 70000, "25"),
+    "max_recipients": (0, -1, "x"),  # 0 refused every RCPT, "x" failed there with 451
+    "idle_timeout": (0, -1, float("nan"), "x"),  # dropped every connection, or failed in it
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param(name, value, id=f"{name}={value!r}")
+        for name, values in SINK_BAD.items()
+        for value in values
+    ],
+)
+def test_the_sink_refuses_what_its_option_refuses(store: Store, name: str, value: object) -> None:
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        MailSink(store, domains=["mailbox.test"], **{name: value})
+
+    assert str(refused.value) == f"{name}={value!r} is invalid; allowed: {BAD[name][1]}"
+
+
+@pytest.mark.parametrize("domains", ["mailbox.test", ["a b"], ["x@mailbox.test"], [5], None])
+def test_the_sink_refuses_domains_that_are_not_a_list_of_domain_names(
+    store: Store, domains: object
+) -> None:
+    # A bare string was taken for its characters: the sink refused every recipient.
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        MailSink(store, domains=domains)  # type: ignore[arg-type]
+
+    assert str(refused.value) == (
+        f"domains={domains!r} is invalid; allowed: a list of domain names, such as ['mailbox.test']"
+    )
+    sink = MailSink(store, domains=("Bücher.Test.", "mailbox.test"), host="::1", idle_timeout=1)
+    assert sink.domains == {"xn--bcher-kva.test", "mailbox.test"}
 
 
 # -- secrets ----------------------------------------------------------------------------------

@@ -24,12 +24,14 @@ from pytest_mailbox.endpoint import (
     Signal,
     SinkError,
     SmtpEndpoint,
+    host_name,
     is_loopback,
     listen,
     normalize_domain,
     split_address,
 )
 from pytest_mailbox.message import index
+from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
 
 __all__ = [
@@ -532,6 +534,21 @@ for _verb in _HTTP_VERBS:  # methods named smtp_<VERB> are how aiosmtpd finds co
     setattr(_Protocol, f"smtp_{_verb}", _Protocol._http_request)
 
 
+def _domain_names(domains: object) -> frozenset[str]:
+    """``MailSink(domains=)`` as host names (``ValueError`` otherwise): a bare string is
+    an iterable too, of its characters."""
+    names: set[str | None] = {None}
+    if isinstance(domains, Iterable) and not isinstance(domains, str):
+        names = {host_name(d) if isinstance(d, str) else None for d in domains}
+    if None in names:
+        msg = (
+            f"domains={domains!r} is invalid; allowed: a list of domain names, "
+            "such as ['mailbox.test']"
+        )
+        raise ValueError(msg)
+    return frozenset(name for name in names if name is not None)
+
+
 class MailSink(SmtpEndpoint):
     """A real SMTP server in a thread; every accepted message is committed to ``store``."""
 
@@ -550,6 +567,15 @@ class MailSink(SmtpEndpoint):
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         data_policy: str = "flag",
     ) -> None:
+        # What the plugin's options take (mailbox_host, mailbox_port, …), checked by their
+        # parsers: an empty host would bind every interface, a limit of 0 refuse every RCPT.
+        for option, value, kind in (
+            ("host", host, str),
+            ("port", port, int),
+            ("max_recipients", max_recipients, int),
+            ("idle_timeout", idle_timeout, (int, float)),
+        ):
+            argument(option, value, kind)
         super().__init__(host, port)
         if data_policy not in DATA_POLICIES:
             msg = f"data_policy={data_policy!r} is invalid; allowed: {', '.join(DATA_POLICIES)}"
@@ -565,7 +591,7 @@ class MailSink(SmtpEndpoint):
             raise ValueError(msg)
         self.store = store
         self.name = name
-        self.domains = frozenset(normalize_domain(d) for d in domains)
+        self.domains = _domain_names(domains)
         self.max_message_size = max_message_size
         self.max_recipients = max_recipients
         self.idle_timeout = idle_timeout
