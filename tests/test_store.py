@@ -8,6 +8,7 @@ is reached by moving the clock, never by sleeping.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from contextlib import closing
 from email.message import EmailMessage
@@ -60,6 +61,54 @@ def deliver(
         run_header=None,
     )
     return message_id
+
+
+# -- arguments ----------------------------------------------------------------------------
+
+#: What ``Store`` allows, by argument, and values it refuses.
+STORE_ALLOWS = {
+    "busy_timeout": ("seconds 0..86400", (float("nan"), "x", -1, 86401, True)),
+    "wal_limit": ("a positive number of bytes", ("x", 0, -1, 1.5)),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param(name, value, id=f"{name}={value!r}")
+        for name, (_, values) in STORE_ALLOWS.items()
+        for value in values
+    ],
+)
+def test_store_refuses_a_bad_argument_naming_it_and_what_it_allows(
+    tmp_path: Path, name: str, value: object
+) -> None:
+    # nan and 'x' failed in int() without the argument's name; -1 and 'x' were taken.
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        Store(tmp_path / "store.sqlite3", **{name: value})  # type: ignore[arg-type]
+
+    assert str(refused.value) == f"{name}={value!r} is invalid; allowed: {STORE_ALLOWS[name][0]}"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["directory", "pipe"])
+def test_store_refuses_a_path_that_is_no_regular_file(tmp_path: Path, kind: str) -> None:
+    # SQLite said "unable to open database file" or "disk I/O error", not which path; the
+    # lock file went beside it (/dev/null.lock).
+    path = tmp_path / kind
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        Store(path)
+
+    assert str(refused.value) == (
+        f"path={str(path)!r} is invalid; allowed: a path to a regular file, new or a store "
+        "(not a directory, device or pipe)"
+    )
+    assert list(tmp_path.iterdir()) == [path]
 
 
 # -- reserve ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import secrets
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from typing import Any, NamedTuple
 
 from filelock import FileLock
 
+from pytest_mailbox.settings import _int, _path, _seconds, argument
 from pytest_mailbox.vocabulary import Checkpoint, CloseReason, Status, digest
 
 __all__ = [
@@ -172,6 +174,9 @@ DROP TABLE events_v1
 #: own (passive) checkpoints never finish while some reader is always busy, and the log
 #: would grow for the whole run.
 WAL_LIMIT = 16 * 1024 * 1024
+
+#: What ``Store(path)`` allows.
+STORE_PATH = "a path to a regular file, new or a store (not a directory, device or pipe)"
 
 #: Every this many commits, a background thread copies the log into the database (a passive
 #: checkpoint: it blocks neither readers nor writers). SQLite's automatic checkpoint, off
@@ -345,6 +350,12 @@ class Store:
         testrun: str = "",
     ):
         self.path = Path(path)
+        # Refused before anything is opened or created: a directory or a device is no store
+        # (SQLite's error would not name the path; /dev/null would gain a /dev/null.lock),
+        # and SQLite reads a busy_timeout past 2**31 - 1 ms as 0.
+        argument("path", str(self.path), str, _path, STORE_PATH)
+        argument("busy_timeout", busy_timeout, (int, float), _seconds(0, 86400), "seconds 0..86400")
+        argument("wal_limit", wal_limit, int, _int(1, sys.maxsize), "a positive number of bytes")
         self.worker = worker  # recorded with every mailbox this handle reserves
         #: The pytest run this handle works for, recorded with every mailbox it reserves:
         #: two runs given one --basetemp may share the file, and each closes only its own.
