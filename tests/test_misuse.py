@@ -225,6 +225,7 @@ def test_a_host_this_machine_cannot_listen_on_stops_the_run_before_any_test(
     )
     assert sum("cannot listen" in line for line in result.errlines + result.outlines) == 1
     result.stdout.no_fnmatch_line("*test_a*")
+    assert "Traceback" not in "\n".join(result.errlines + result.outlines)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])
