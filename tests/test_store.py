@@ -1182,6 +1182,21 @@ def test_closing_one_tests_orphans_leaves_every_other_mailbox_open(store: Store,
     assert store.close_orphans(owner="t.py::test_crashed") == []  # nothing open is left
 
 
+def test_a_mailbox_whose_ttl_ran_out_is_expired_not_orphaned(store: Store, clock: Clock) -> None:
+    overdue, _ = store.reserve(
+        run_id="run-1", purpose="verify", ttl=5, domain=DOMAIN, owner="t.py::test_crashed"
+    )
+    clock.now += 5
+
+    closed = store.close_orphans(owner="t.py::test_crashed", detail="worker gw1 crashed")
+
+    assert closed == []  # it ended by its ttl: nothing follows its closing step
+    assert [e["status"] for e in store.events(overdue.mailbox_id)] == ["reserved", "expired"]
+    row = store.mailbox(overdue.mailbox_id)
+    assert row is not None
+    assert (row.state, row.close_reason) == ("expired", "expired_timeout")
+
+
 def test_a_crash_closes_the_test_only_in_the_worker_that_crashed(db: Path, clock: Clock) -> None:
     """--dist each runs one test in every worker at once: gw1 dying must not end gw0's."""
     handles = {name: Store(db, clock=clock, worker=name) for name in ("gw0", "gw1")}

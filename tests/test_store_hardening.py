@@ -548,6 +548,34 @@ def test_a_reader_that_never_lets_go_costs_log_growth_not_a_wait_per_commit(
     store.close()
 
 
+def test_the_log_is_truncated_soon_after_the_reader_lets_go_even_during_a_back_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During a back-off no writer waits, but every WAL_CHECK_EVERY-th commit still tries
+    once: a reader that let go no longer leaves the log growing for the back-off's rest
+    (up to a minute, beside waiters that never pause)."""
+    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", 0.05)
+    monkeypatch.setattr(store_module, "TRUNCATE_BACKOFF", 3600.0)  # it never runs out here
+    limit = 64 * 1024
+    store, big, wal = _bigger_than_the_log(tmp_path, limit)
+    pinned = sqlite3.connect(store.path, isolation_level=None)
+    pinned.execute("BEGIN")
+    pinned.execute("SELECT count(*) FROM messages").fetchone()  # a snapshot, held
+    for _ in range(WAL_CHECK_EVERY):  # a waiting writer tries within these, in vain
+        store.deliver_all([big])
+    assert wal.stat().st_size > limit
+    pinned.execute("COMMIT")
+    pinned.close()
+
+    sizes = []
+    for _ in range(WAL_CHECK_EVERY):
+        store.deliver_all([big])
+        sizes.append(wal.stat().st_size)
+
+    assert 0 in sizes  # truncated right after one of these commits
+    store.close()
+
+
 def test_a_commit_given_up_before_it_begins_stores_nothing(tmp_path: Path) -> None:
     """A sink that stops gives up what its writer thread has not committed yet, even with
     the lock free: those clients are cut off, got no ``250``, and still own the message."""

@@ -803,8 +803,9 @@ if sys.platform != "win32":
 class _CrashReceipts:
     """xdist's controller: a worker died inside a test, whose teardown report never came.
 
-    The test's open mailboxes are closed at once (``orphaned``, then ``expired``: what the
-    end of the run would do to them, only sooner). The receipt of every mailbox the test
+    The test's open mailboxes are closed at once (``orphaned``, then ``released`` as
+    ``released_error``: what the end of the run would do to them, only sooner; one whose
+    ttl ran out ends ``expired``, as it is). The receipt of every mailbox the test
     reserved in that worker and that no report brought here goes into the crash report,
     as a passing teardown would have put it: a property (JUnit XML too), the JSON Lines
     file, and a ``mailbox`` section with the timeline. That includes a mailbox its own

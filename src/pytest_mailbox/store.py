@@ -503,21 +503,33 @@ class Store:
         if patience <= 0 or time.monotonic() < self._truncate_after:
             # A caller that must not block (its next commit is refused, see _write), or a
             # back-off after a reader outlasted the last patience: no one waits for now.
+            # But the reader may have let go since: every WAL_CHECK_EVERY-th commit tries
+            # once, without waiting, so that the log does not grow for the back-off's rest.
+            if patience > 0 and self._commits % WAL_CHECK_EVERY == 0 and self._truncated(conn):
+                return
             self._checkpointer_for().request()
             return
         pauses = _pauses(patience)
-        while True:
-            with suppress(sqlite3.OperationalError):  # best effort: the next writer tries again
-                busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                if not busy:
-                    self._wal_over = False
-                    self._backoff = TRUNCATE_BACKOFF
-                    return
+        while not self._truncated(conn):
             if (give_up is not None and give_up.is_set()) or next(pauses, False) is False:
                 break
+        else:
+            return
         if give_up is None or not give_up.is_set():  # in vain: back off
             self._truncate_after = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, TRUNCATE_BACKOFF_MAX)
+
+    def _truncated(self, conn: sqlite3.Connection) -> bool:
+        """One try at copying the log back and starting it over; on success, any back-off
+        ends. Best effort: busy (a reader in the log), the next writer tries again."""
+        with suppress(sqlite3.OperationalError):
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                self._wal_over = False
+                self._backoff = TRUNCATE_BACKOFF
+                self._truncate_after = -math.inf
+                return True
+        return False
 
     def _checkpointer_for(self) -> _Checkpointer:
         with self._lock:
@@ -1076,19 +1088,16 @@ class Store:
             where, params = f"{where} AND testrun IN (?, '')", (*params, testrun)
         with self._write() as tx:
             now = self.clock()
+            # Those whose ttl did run out end as they are (``expired``), and nothing follows
+            # a mailbox's closing step: only the rest are orphans.
+            self._expire_mailboxes(tx, now)
             orphans = [
                 str(row[0])
                 for row in tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {where}", params)
             ]
-            self._expire_mailboxes(tx, now)  # those whose ttl did run out: as they are
-            still = {
-                str(row[0])
-                for row in tx.all(f"SELECT mailbox_id FROM mailboxes WHERE {where}", params)
-            }
             for mailbox_id in orphans:
                 tx.event(mailbox_id, now, "orphaned", detail)
-                if mailbox_id in still:
-                    self._released(tx, mailbox_id, CloseReason.RELEASED_ERROR, now)
+                self._released(tx, mailbox_id, CloseReason.RELEASED_ERROR, now)
         return orphans
 
     def mailbox_ids(self, *, owner: str, worker: str) -> list[str]:
