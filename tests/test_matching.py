@@ -1131,6 +1131,19 @@ def test_a_bad_duration_for_one_call_is_refused_naming_it(
     assert mailbox_store.messages(isolated_mailbox.mailbox_id) == before  # nothing claimed
 
 
+def test_an_int_too_long_to_write_is_refused_saying_what_it_is(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    huge = 10**5000  # past the 4,300 digits Python writes
+
+    with pytest.raises(ContractError) as refused:
+        isolated_mailbox.wait_for(subject="Welcome", lease=huge)
+
+    assert str(refused.value) == (
+        "wait_for: lease=<an int of 16610 bits> is invalid; allowed: seconds > 0, a finite number"
+    )
+
+
 @pytest.mark.parametrize("reason", ["expired_timeout", "bogus", None, True])
 def test_a_release_reason_that_is_not_one_is_refused_naming_the_allowed_ones(
     mailbox_store: Store, isolated_mailbox: Mailbox, reason: object

@@ -226,6 +226,12 @@ def test_a_host_this_machine_cannot_listen_on_stops_the_run_before_any_test(
     assert sum("cannot listen" in line for line in result.errlines + result.outlines) == 1
     result.stdout.no_fnmatch_line("*test_a*")
     assert "Traceback" not in "\n".join(result.errlines + result.outlines)
+    # A run that only lists (an IDE's discovery, on a machine of its own) is left alone.
+    listed = pytester.runpytest(
+        "-n", workers, "--mailbox-host=192.0.2.1", "--collect-only", "-q",
+        "-W", "ignore::pytest_mailbox.ExposedSinkWarning",
+    )  # fmt: skip
+    assert listed.ret == pytest.ExitCode.OK
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1"])

@@ -62,7 +62,7 @@ from pytest_mailbox.message import (
 )
 from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Handle, History, MailboxRow, MessageRow, Outcome, Store
-from pytest_mailbox.vocabulary import DEFAULT_TTL_MAX, utc
+from pytest_mailbox.vocabulary import DEFAULT_TTL_MAX, shown, utc
 
 if TYPE_CHECKING:
     from pytest_mailbox.agent import AgentTools
@@ -119,7 +119,7 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
             ok = False
     if not ok:
         allowed = "seconds >= 0" if zero else "seconds > 0"
-        msg = f"{call}: {name}={value!r} is invalid; allowed: {allowed}, a finite number"
+        msg = f"{call}: {name}={shown(value)} is invalid; allowed: {allowed}, a finite number"
         raise ContractError(msg)
 
 

@@ -233,6 +233,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if _is_worker(config):
         return
     if settings.port == 0:  # each worker's sink binds a free port: try the host once here
+        if _lists_only(config):  # an IDE's discovery on another machine lists all the same
+            return
         try:
             check_host(settings.host)
         except SinkError as exc:

@@ -22,7 +22,13 @@ from pytest_mailbox.endpoint import (
     DEFAULT_MAX_RECIPIENTS,
     host_name,
 )
-from pytest_mailbox.vocabulary import CONTRACT_FIELDS, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_TTL_MAX
+from pytest_mailbox.vocabulary import (
+    CONTRACT_FIELDS,
+    DEFAULT_LEASE,
+    DEFAULT_TTL,
+    DEFAULT_TTL_MAX,
+    shown,
+)
 
 if TYPE_CHECKING:
     from pytest_mailbox.contract import EmailContract
@@ -285,7 +291,7 @@ def argument(
             return parse(str(value))
         except ValueError:
             pass
-    msg = f"{name}={value!r} is invalid; allowed: {allowed}"
+    msg = f"{name}={shown(value)} is invalid; allowed: {allowed}"
     raise ValueError(msg)
 
 

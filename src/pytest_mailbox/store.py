@@ -372,6 +372,7 @@ class Store:
         self._wal_over = False  # the log was past wal_limit at the last look
         self._truncate_after = -math.inf  # time.monotonic(): see TRUNCATE_BACKOFF
         self._backoff = TRUNCATE_BACKOFF
+        self._checkpointing = False  # the last try at truncating found a checkpoint running
         self._checkpointer: _Checkpointer | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock"):
@@ -500,13 +501,16 @@ class Store:
         self._wal_over = size > self.wal_limit
         if not self._wal_over:
             return
-        if patience <= 0 or time.monotonic() < self._truncate_after:
-            # A caller that must not block (its next commit is refused, see _write), or a
-            # back-off after a reader outlasted the last patience: no one waits for now.
+        if patience > 0 and time.monotonic() < self._truncate_after:
+            # A back-off after a reader outlasted the last patience: no one waits for now.
             # But the reader may have let go since: every WAL_CHECK_EVERY-th commit tries
-            # once, without waiting, so that the log does not grow for the back-off's rest.
-            if patience > 0 and self._commits % WAL_CHECK_EVERY == 0 and self._truncated(conn):
-                return
+            # once, without waiting (and the next one again if the background checkpointer
+            # held the checkpoint then), so that the log does not grow for the back-off's
+            # rest. The checkpointer is not asked meanwhile: it would hold that lock.
+            if self._commits % WAL_CHECK_EVERY == 0 or self._checkpointing:
+                self._truncated(conn)
+            return
+        if patience <= 0:  # a caller that must not block: its next commit is refused (_write)
             self._checkpointer_for().request()
             return
         pauses = _pauses(patience)
@@ -523,7 +527,8 @@ class Store:
         """One try at copying the log back and starting it over; on success, any back-off
         ends. Best effort: busy (a reader in the log), the next writer tries again."""
         with suppress(sqlite3.OperationalError):
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            busy, logged, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            self._checkpointing = bool(busy) and logged == -1  # another held the checkpoint
             if not busy:
                 self._wal_over = False
                 self._backoff = TRUNCATE_BACKOFF

@@ -24,6 +24,7 @@ __all__ = [
     "CloseReason",
     "Status",
     "digest",
+    "shown",
     "utc",
 ]
 
@@ -95,3 +96,12 @@ def digest(value: str, key: bytes) -> tuple[str, str]:
     it, no one can find a six-digit code by hashing the million candidates."""
     mac = hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256)
     return mac.hexdigest(), value[-2:]
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, or what it is when Python will not write it:
+    an int past 4,300 digits (``sys.set_int_max_str_digits``)."""
+    try:
+        return repr(value)
+    except ValueError:
+        return f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<?>"
