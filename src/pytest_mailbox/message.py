@@ -93,17 +93,17 @@ _DASHED_CODE = (
 )
 #: The codes masked whatever their context, a date or a time aside (``when``): its
 #: ``2026-12-03T16`` is neither a dashed nor a mixed code.
-_CODES = re.compile(
-    f"(?P<when>{_WHEN})|{_DASHED_CODE}|{_MIXED_CODE.pattern}"
+_CODES = re.compile(  # each starts with a digit or a capital: the lookahead fails fast
+    f"(?=[0-9A-Z])(?:(?P<when>{_WHEN})|{_DASHED_CODE}|{_MIXED_CODE.pattern})"
 )  # fmt: skip
 #: Digits in groups of one length joined by a space or a dash, six to twelve in all, as a
 #: code is shown to be read (``483 920``, ``48-39-20``, ``5 1 8 2 7 9``, ``483 920 175``),
 #: also glued to another script (``コード483 920``) or followed by other numbers (``483 920
 #: 2026-12-03``); not a date or a time (``when``), nor years (``2024-2025``), nor numbers
 #: whose first groups differ in length (``12 345 678``, ``Dec 10 2026``).
-_GROUPED = re.compile(
-    f"(?P<when>{_WHEN})"
-    r"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:[ \-\u00a0\u2013]\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
+_GROUPED = re.compile(  # (?=\d): every alternative starts with a digit, so it fails fast
+    f"(?=\\d)(?:(?P<when>{_WHEN})"
+    r"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:[ \-\u00a0\u2013]\d+)+(?![A-Za-z0-9/-]|[.,:]\d))"
 )
 _GROUP = re.compile(r"\d+")
 _YEAR = re.compile(r"(?:19|20)\d\d")
