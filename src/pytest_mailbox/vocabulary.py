@@ -24,7 +24,6 @@ __all__ = [
     "CloseReason",
     "Status",
     "digest",
-    "shown",
     "utc",
 ]
 
