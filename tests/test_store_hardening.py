@@ -521,6 +521,23 @@ def test_no_connection_syncs_and_the_checkpointer_never_waits(
     assert waits == [("MainThread", 0), ("MainThread", 60_000), ("pytest-mailbox-checkpoint", 1)]
 
 
+def _in_a_back_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> tuple[Store, Incoming, Path, sqlite3.Connection]:
+    """``_bigger_than_the_log``'s store, with a reader that holds a snapshot (the last
+    item, still in its transaction) and a writer that waited in vain to truncate the log:
+    a back-off that never runs out has begun."""
+    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", 0.05)
+    monkeypatch.setattr(store_module, "TRUNCATE_BACKOFF", 3600.0)
+    store, big, wal = _bigger_than_the_log(tmp_path, limit)
+    pinned = sqlite3.connect(store.path, isolation_level=None)
+    pinned.execute("BEGIN")
+    pinned.execute("SELECT count(*) FROM messages").fetchone()  # a snapshot, held
+    for _ in range(WAL_CHECK_EVERY):  # a waiting writer looks at the log within these
+        store.deliver_all([big])
+    return store, big, wal, pinned
+
+
 def test_a_reader_that_never_lets_go_costs_log_growth_not_a_wait_per_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -528,15 +545,8 @@ def test_a_reader_that_never_lets_go_costs_log_growth_not_a_wait_per_commit(
     ends. Once a writer's patience is spent in vain, no one waits to truncate for a while
     (``TRUNCATE_BACKOFF``) and the sink's event loop commits again: the log grows instead of
     every message waiting a second, or going through the writer thread, for nothing."""
-    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", 0.05)
-    monkeypatch.setattr(store_module, "TRUNCATE_BACKOFF", 3600.0)  # it never runs out here
     limit = 64 * 1024
-    store, big, wal = _bigger_than_the_log(tmp_path, limit)
-    pinned = sqlite3.connect(store.path, isolation_level=None)
-    pinned.execute("BEGIN")
-    pinned.execute("SELECT count(*) FROM messages").fetchone()  # a snapshot, held
-    for _ in range(WAL_CHECK_EVERY):  # a waiting writer looks at the log within these
-        store.deliver_all([big])
+    store, big, wal, pinned = _in_a_back_off(tmp_path, monkeypatch, limit)
 
     store.deliver_all([big], wait=False)  # not refused: nobody could truncate
     assert wal.stat().st_size > limit
@@ -554,15 +564,8 @@ def test_the_log_is_truncated_soon_after_the_reader_lets_go_even_during_a_back_o
     """During a back-off no writer waits, but every WAL_CHECK_EVERY-th commit still tries
     once: a reader that let go no longer leaves the log growing for the back-off's rest
     (up to a minute, beside waiters that never pause)."""
-    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", 0.05)
-    monkeypatch.setattr(store_module, "TRUNCATE_BACKOFF", 3600.0)  # it never runs out here
     limit = 64 * 1024
-    store, big, wal = _bigger_than_the_log(tmp_path, limit)
-    pinned = sqlite3.connect(store.path, isolation_level=None)
-    pinned.execute("BEGIN")
-    pinned.execute("SELECT count(*) FROM messages").fetchone()  # a snapshot, held
-    for _ in range(WAL_CHECK_EVERY):  # a waiting writer tries within these, in vain
-        store.deliver_all([big])
+    store, big, wal, pinned = _in_a_back_off(tmp_path, monkeypatch, limit)
     assert wal.stat().st_size > limit
     pinned.execute("COMMIT")
     pinned.close()
