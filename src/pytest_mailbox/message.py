@@ -335,10 +335,6 @@ def _masked_if_token(match: re.Match[str]) -> str:
     return _keep_length(word) if _is_token(word) else word
 
 
-def _masked_word(match: re.Match[str]) -> str:
-    return _keep_length(match.group())
-
-
 def _masked_code(match: re.Match[str]) -> str:
     return match.group() if match.group("when") else _keep_length(match.group())
 
@@ -562,12 +558,13 @@ class Masker:
     def __init__(
         self, values: Collection[str], words: Collection[str] = (), shared: Collection[str] = ()
     ) -> None:
-        given = {v for v in values if v}
-        also = {v for v in shared if v} - given
+        # A raw quoted-printable body shows ``=`` and non-ASCII as ``=3D``, ``=E3=82=B3``.
+        escaped = {v: _quoted_printable(v) for v in values if v}
+        also = {v: _quoted_printable(v) for v in shared if v and v not in escaped}
         # An ASCII value's escaped form differs only in its ``=`` (``=3D``): a cut piece of
         # it is as long as one of the value. Not another's: eight characters of
         # ``=E3=82=B3…`` are one character, which unrelated text shows as well.
-        cuttable = given | {_quoted_printable(v) for v in given if v.isascii()}
+        cuttable = {*escaped, *(form for v, form in escaped.items() if v.isascii())}
         # A cut is matched on codes and tokens only: a link's start is its host, which an
         # unrelated line may show just as well (``Connecting to https://app…...``).
         self.cut = [
@@ -575,10 +572,9 @@ class Masker:
             if _MIN_CUT <= len(v) <= _MAX_PIECED and "://" not in v and "%3A%2F%2F" not in v
             and v[0] != "/"
         ]  # fmt: skip
-        # A raw quoted-printable body shows ``=`` and non-ASCII as ``=3D``, ``=E3=82=B3``.
-        escaped = {form for v in given for form in (v, _quoted_printable(v))}
-        self.values = sorted(escaped, key=len, reverse=True)
-        self.shared = frozenset({f for v in also for f in (v, _quoted_printable(v))}) - escaped
+        forms = {*escaped, *escaped.values()}
+        self.values = sorted(forms, key=len, reverse=True)
+        self.shared = frozenset({*also, *also.values()}) - forms
         self._by_piece: dict[str, list[str]] = {}
         shown = sorted({w for w in words if w and w not in self.values}, key=len, reverse=True)
         alternatives = "|".join(map(re.escape, shown))
