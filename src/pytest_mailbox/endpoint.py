@@ -44,11 +44,7 @@ class SinkError(RuntimeError):
 def listen(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` and listening, or ``SinkError`` naming the option
     to change."""
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
-    # the listener says TCP (proto 0 does not), and without it every client that opens a
-    # connection per mail waits ~40 ms on Nagle's algorithm.
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock = _tcp_socket(host)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -63,12 +59,19 @@ def check_host(host: str) -> None:
     """``SinkError`` if ``host`` is no address this machine can listen on: the plugin tries
     it once at start-up (bound to a free port, never listening, then closed), so that such
     a host is a usage error, not an error in every test that asks for a sink."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
+    with _tcp_socket(host) as sock:
         try:
             sock.bind((host, 0))
         except OSError as exc:
             raise _cannot_listen(host, 0, exc) from exc
+
+
+def _tcp_socket(host: str) -> socket.socket:
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
+    # the listener says TCP (proto 0 does not), and without it every client that opens a
+    # connection per mail waits ~40 ms on Nagle's algorithm.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
 
 
 def _cannot_listen(host: str, port: int, exc: OSError) -> SinkError:
