@@ -874,7 +874,11 @@ class AgentTools:
     def _mine(self, message_id: str, fence: object) -> bool:
         """Whether ``fence`` came from this toolset's own claim of the message. A dry run
         claims nothing and issues no fence: its ack answers as a successful one would."""
-        return self.contract.mode == "dry-run" or fence in self._issued.get(message_id, ())
+        return self.contract.mode == "dry-run" or self._got(message_id, fence)
+
+    def _got(self, message_id: str, fence: object) -> bool:
+        """Whether this toolset's own claim of the message got ``fence``."""
+        return fence in self._issued.get(message_id, ())
 
     def _terminal_now(self) -> Answer | None:
         """The terminal answer, once the mailbox is closed for this run's tools: released or
@@ -1059,7 +1063,7 @@ class AgentTools:
             for row in mailbox.store.messages(mailbox.mailbox_id)
             if row.state == Status.CLAIMED.value
             and (row.lease_until or 0) > now
-            and row.fence in self._issued.get(row.message_id, ())
+            and self._got(row.message_id, row.fence)
             and mailbox._selects(row, chosen)
         ]
         if len(held) > 1:
@@ -1111,7 +1115,7 @@ class AgentTools:
         """Why a refused ack must not lead to another claim: the message has a newer live
         claim that is not this toolset's, or was consumed under another fence. Else None."""
         row, now = self.mailbox.store.message(args.message_id), self.mailbox.store.clock()
-        if row is None or row.fence in self._issued.get(args.message_id, ()):
+        if row is None or self._got(args.message_id, row.fence):
             return None  # a later claim of its own: claiming again hands back its fence
         if row.state == Status.CONSUMED.value:
             return "another holder acknowledged it under a newer claim; do not act on it"
