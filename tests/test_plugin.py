@@ -1407,6 +1407,25 @@ def test_receipts_cli_filters_and_timelines(
         receipts_main(["receipts", str(pytester.path / "missing.xml")])
 
 
+def test_receipts_cli_lists_a_run_given_in_two_files_once(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_suite=USER_SUITE)
+    pytester.runpytest("--mailbox-receipts=r.jsonl", "--junitxml=r.xml").assert_outcomes(passed=5)
+    pytester.runpytest("--mailbox-receipts=again.jsonl").assert_outcomes(passed=5)
+    capsys.readouterr()
+    files = [str(pytester.path / name) for name in ("r.xml", "r.jsonl", "again.jsonl")]
+
+    assert receipts_main(["receipts", *files]) == 0
+
+    out = capsys.readouterr().out
+    assert out.endswith("10 receipt(s)\n")  # 5 from the first run (in two files), 5 from the second
+    run_ids = {r.run_id for r in [*read_receipts(files[0]), *read_receipts(files[2])]}
+    assert len(run_ids) == 10
+    assert all(out.count(run_id) == 1 for run_id in run_ids)
+
+
 def test_configuration_reference_is_current() -> None:
     """docs/configuration.md embeds the table generated from the option definitions."""
     text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()

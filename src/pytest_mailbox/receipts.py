@@ -100,17 +100,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     )
     show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
     args = parser.parse_args(argv)
-    receipts: list[Receipt] = []
+    # A run_id names one run of one test: the JUnit XML and the JSON Lines of one pytest run
+    # hold the same receipts, so a run given in both is listed once.
+    receipts: dict[str, Receipt] = {}
     for file in args.files:
         if not file.is_file():
             parser.error(f"{file}: {'not a file' if file.exists() else 'no such file'}")
         try:
-            receipts.extend(read_receipts(file))
+            for receipt in read_receipts(file):
+                receipts.setdefault(receipt.run_id, receipt)
         except (ValueError, ET.ParseError) as exc:  # ValidationError is a ValueError
             first = str(exc).splitlines()[0]
             parser.error(f"{file}: not JUnit XML or pytest-mailbox JSON Lines receipts ({first})")
     chosen = [
-        r for r in receipts if args.test in r.nodeid and args.state in ("", r.state, r.close_reason)
+        r
+        for r in receipts.values()
+        if args.test in r.nodeid and args.state in ("", r.state, r.close_reason)
     ]
     out.write(format_table(chosen) + "\n")
     if args.timeline:
