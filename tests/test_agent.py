@@ -1382,6 +1382,51 @@ def test_reveal_gives_the_harness_what_the_model_never_sees(
     app.assert_secret_free(json.dumps([found, claimed]), dump_receipt(receipt))
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"kind": "Code"}, "reveal: kind='Code' is invalid; allowed: 'link' or 'code'"),
+        (
+            {"kind": "code", "domain": APP},
+            "reveal: domain= does not apply to kind='code'; a link takes domain= and path=, "
+            "a code takes pattern=",
+        ),
+        (
+            {"pattern": r"\d+"},
+            "reveal: pattern= does not apply to kind='link'; a link takes domain= and path=, "
+            "a code takes pattern=",
+        ),
+    ],
+)
+def test_reveal_refuses_a_kind_or_argument_it_would_ignore(
+    isolated_mailbox: Mailbox, app: SignupApp, kwargs: dict[str, Any], expected: str
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}, "lease": None})
+    with pytest.raises(ContractError) as refused:
+        tools.reveal(claimed["message_id"], **kwargs)
+    assert str(refused.value) == expected
+    assert isolated_mailbox.receipt().messages[0].secrets == []  # nothing was extracted
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"ttl_max": "600"}, "agent_tools: ttl_max='600' is invalid; allowed: an integer 1..86400"),
+        ({"ttl_max": -5}, "agent_tools: ttl_max=-5 is invalid; allowed: an integer 1..86400"),
+        ({"resend": 42}, "agent_tools: resend=42 is invalid; allowed: a callable or None"),
+    ],
+)
+def test_agent_tools_refuses_bad_arguments_when_made_not_at_the_first_call(
+    isolated_mailbox: Mailbox, kwargs: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ContractError) as refused:
+        isolated_mailbox.agent_tools(**kwargs)
+    assert str(refused.value) == expected
+
+
 # -- definitions ---------------------------------------------------------------------------------
 
 

@@ -332,7 +332,8 @@ def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> 
         (
             "'signup'",
             "email_contract takes keyword arguments only, "
-            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60); allowed fields: "
+            "purpose, ttl, lease, timeout, max_reads, max_resends, mode, link_domains, run_header",
         ),
     ],
 )
@@ -406,7 +407,7 @@ def test_a_bad_marker_errors_a_test_without_the_fixture(
         "email_contract: ttl=7200* exceeds mailbox_ttl_max=3600*; lower ttl or raise "
         "mailbox_ttl_max (the ini key, --mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX)",
         "email_contract takes keyword arguments only, "
-        "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)",
+        "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60); allowed fields: purpose, *",
         "ERROR *::test_typo - *",
         "ERROR *::TestClass::test_inherits - *",
         "ERROR *::test_positional - *",

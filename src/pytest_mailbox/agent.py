@@ -50,6 +50,7 @@ from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import (
     AlreadyClaimed,
     AmbiguousMatch,
+    ContractError,
     ExtractionError,
     MailboxClosed,
     MailboxError,
@@ -66,8 +67,9 @@ from pytest_mailbox.message import (
     mask_extracted,
     redact_url,
 )
+from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Outcome, Store
-from pytest_mailbox.vocabulary import utc
+from pytest_mailbox.vocabulary import shown, utc
 
 __all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
 
@@ -595,9 +597,17 @@ class AgentTools:
         ttl_max: int | None = None,
         resend: Callable[[str], object] | None = None,
     ) -> None:
+        if resend is not None and not callable(resend):
+            msg = f"agent_tools: resend={shown(resend)} is invalid; allowed: a callable or None"
+            raise ContractError(msg)
         self.mailbox = mailbox
         self.contract = mailbox.contract
-        self.ttl_max = self.contract.ttl if ttl_max is None else ttl_max
+        try:
+            self.ttl_max = (
+                self.contract.ttl if ttl_max is None else argument("ttl_max", ttl_max, (int, float))
+            )
+        except ValueError as exc:
+            raise ContractError(f"agent_tools: {exc}") from None
         self._resend = resend
         self._tools = {t.name: t for t in _TOOLS if resend is not None or t.budget != "resends"}
         self._limits = {"reads": self.contract.max_reads, "resends": self.contract.max_resends}
@@ -1145,6 +1155,17 @@ class AgentTools:
         exactly as ``ClaimedMessage.link()`` does.
         """
         __tracebackhide__ = True
+        if kind not in ("link", "code"):
+            msg = f"reveal: kind={shown(kind)} is invalid; allowed: 'link' or 'code'"
+            raise ContractError(msg)
+        unused = ("domain", "path") if kind == "code" else ("pattern",)
+        given = {"domain": domain, "path": path, "pattern": pattern}
+        if extra := [name for name in unused if given[name] is not None]:
+            msg = (
+                f"reveal: {', '.join(f'{name}=' for name in extra)} does not apply to "
+                f"kind={kind!r}; a link takes domain= and path=, a code takes pattern="
+            )
+            raise ContractError(msg)
         mailbox = self.mailbox
         row = mailbox.store.message(message_id)
         now = mailbox.store.clock()

@@ -461,7 +461,8 @@ def _checked(marker: pytest.Mark, settings: Settings) -> EmailContract | str:
     if marker.args:
         return (
             "email_contract takes keyword arguments only, "
-            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60)"
+            "e.g. @pytest.mark.email_contract(purpose='signup', ttl=60); "
+            f"allowed fields: {', '.join(CONTRACT_FIELDS)}"
         )
     from pydantic import ValidationError  # noqa: PLC0415 - see TYPE_CHECKING above
 
