@@ -1002,7 +1002,7 @@ def test_a_timeout_with_no_mail_at_all_asks_where_the_app_sends(
     first, second = str(timed_out.value).splitlines()
     assert first.startswith(f"no message for {isolated_mailbox.address} matched subject=")
     assert second == (
-        "no mail arrived for this mailbox or any unknown alias of its domain: is the app "
+        "no mail arrived for this mailbox or an unknown alias like it: is the app "
         "sending to the sink (mailbox_server.host and .port, or .settings) and to this "
         "address? A framework's test set-up may swap in a backend that sends nothing "
         "(Django's locmem, Flask-Mail's MAIL_SUPPRESS_SEND): see Recipes"

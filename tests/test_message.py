@@ -663,7 +663,8 @@ def test_index_hands_the_parser_the_header_section_only(monkeypatch: pytest.Monk
 def test_index_of_what_the_parser_cannot_read_is_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
     class FailingParser(BytesParser):
         def parsebytes(self, text: bytes | bytearray, headersonly: bool = False) -> Any:
-            raise RecursionError("maximum recursion depth exceeded")
+            msg = "maximum recursion depth exceeded"
+            raise RecursionError(msg)
 
     monkeypatch.setattr(message_module, "BytesParser", FailingParser)
 
@@ -698,7 +699,8 @@ def test_parse_error_is_flagged_and_headers_still_read(monkeypatch: pytest.Monke
     class FailingParser(BytesParser):
         def parsebytes(self, text: bytes | bytearray, headersonly: bool = False) -> Any:
             if not headersonly:
-                raise RecursionError("maximum recursion depth exceeded")
+                msg = "maximum recursion depth exceeded"
+                raise RecursionError(msg)
             return super().parsebytes(text, headersonly=True)
 
     monkeypatch.setattr(message_module, "BytesParser", FailingParser)

@@ -1,4 +1,4 @@
-"""Mailbox tools for an LLM agent, behind a deterministic policy, with evidence (DESIGN §7).
+"""Mailbox tools for an LLM agent, behind a deterministic policy, with evidence (docs/agents.md).
 
 Every call goes intent → policy → adapter → evidence:
 
@@ -9,8 +9,9 @@ Every call goes intent → policy → adapter → evidence:
   terminal state, decided here in code, never in a prompt;
 - adapter: the only code that touches the store, through the run's ``Mailbox``;
 - evidence: every call is journaled ``proposed → allowed → executed`` (``refused`` when the
-  store said no and nothing changed, ``simulated`` in dry-run), or ``proposed → rejected``,
-  with its reason and latency.
+  store said no and nothing changed, ``simulated`` in dry-run, ``failed`` if the harness
+  failed), or ``proposed → rejected``, with its reason and latency; a call that has not
+  returned stays ``proposed → allowed``, ``unfinished``.
 
 Answers are small and structured and never carry a body, a raw token or a code: a link comes
 back redacted, and the test side reads the real value with ``AgentTools.reveal``.
@@ -607,7 +608,8 @@ class AgentTools:
                 self.contract.ttl if ttl_max is None else argument("ttl_max", ttl_max, (int, float))
             )
         except ValueError as exc:
-            raise ContractError(f"agent_tools: {exc}") from None
+            msg = f"agent_tools: {exc}"
+            raise ContractError(msg) from None
         self._resend = resend
         self._tools = {t.name: t for t in _TOOLS if resend is not None or t.budget != "resends"}
         self._limits = {"reads": self.contract.max_reads, "resends": self.contract.max_resends}
@@ -1083,7 +1085,8 @@ class AgentTools:
             (row,) = held
             result: dict[str, Any] = {"message_id": row.message_id, "fence": row.fence}
             result |= {"holder": row.holder, "lease_until": row.lease_until}
-            raise AlreadyClaimed(f"{row.message_id}: this toolset holds it", result=result)
+            msg = f"{row.message_id}: this toolset holds it"
+            raise AlreadyClaimed(msg, result=result)
 
     def _refusal(self, exc: MailboxError, args: _Arguments, tool: _Tool) -> Answer:
         """A refusal of the mailbox or the store as an answer; never another run's ids."""

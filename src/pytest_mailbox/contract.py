@@ -1,4 +1,5 @@
-"""The contract's vocabulary: statuses, the per-test ``EmailContract``, selectors and receipts."""
+"""The per-test ``EmailContract``, selectors and their pattern checks, and receipts (the
+statuses live in ``vocabulary`` and are re-exported here)."""
 
 from __future__ import annotations
 
@@ -911,7 +912,9 @@ class ReceiptEvent(BaseModel):
 
 
 class AgentEvidence(BaseModel):
-    """One agent tool call: ``proposed → allowed → executed`` (or ``refused``), or ``rejected``."""
+    """One agent tool call: ``proposed → allowed → executed`` (``refused``, ``simulated`` in
+    dry-run, ``failed`` if the harness failed), or ``proposed → rejected``; a call that has
+    not returned stops at ``allowed``, with status ``unfinished``."""
 
     at: datetime
     run_id: str

@@ -2,7 +2,7 @@
 
 The pytest plugin reads its options and warns about an exposed host at start-up, and the
 xdist controller never runs a sink: none of that should import asyncio and aiosmtpd, which
-``pytest_mailbox.sink`` does. The sink module re-exports every name here.
+``pytest_mailbox.sink`` does. The sink module re-exports the names a sink's user needs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Typed exceptions: each failure status of the contract has one, carrying its result."""
+"""Typed exceptions: a failure of the contract raises one, carrying its status and result
+(``budget_exceeded`` is an agent tool's answer only, never raised)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ class LeaseExpired(MailboxError):
 
 
 class MailboxClosed(MailboxError):
-    """The mailbox was released or expired; every further operation is refused."""
+    """The mailbox refuses the operation: it is closed (released or expired), re-fenced, or
+    the message is not its own; ``status`` says which."""
 
     status = Status.RELEASED
 

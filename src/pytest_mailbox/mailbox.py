@@ -286,7 +286,8 @@ class Mailbox:
             # Not a string: refused, and never hashed by the cache.
             domain = _domain(domain) if isinstance(domain, str) else argument("domain", domain, str)
         except ValueError as exc:
-            raise ContractError(f"Mailbox.reserve: {exc}") from None
+            msg = f"Mailbox.reserve: {exc}"
+            raise ContractError(msg) from None
         if "ttl" not in contract.model_fields_set and contract.ttl > ttl_max:
             given = contract.model_dump(exclude_unset=True)
             contract = EmailContract(**{**given, "ttl": ttl_max})
@@ -526,7 +527,8 @@ class Mailbox:
         except WaitTimeout as timeout:
             if not _loop_running():
                 raise
-            raise WaitTimeout(f"{timeout}\n{_BLOCKED_LOOP}", result=timeout.result) from None
+            msg = f"{timeout}\n{_BLOCKED_LOOP}"
+            raise WaitTimeout(msg, result=timeout.result) from None
 
     async def _run_async(self, steps: Generator[_Pause, None, _T]) -> _T:
         """Drive the steps, awaiting: the event loop stays free while the mailbox waits."""
@@ -787,7 +789,7 @@ class Mailbox:
         near = misses + unrouted
         if not near:
             lines.append(
-                "no mail arrived for this mailbox or any unknown alias of its domain: is the "
+                "no mail arrived for this mailbox or an unknown alias like it: is the "
                 "app sending to the sink (mailbox_server.host and .port, or .settings) and to "
                 "this address? A framework's test set-up may swap in a backend that sends "
                 "nothing (Django's locmem, Flask-Mail's MAIL_SUPPRESS_SEND): see Recipes"
@@ -1005,10 +1007,12 @@ class Mailbox:
     def agent_tools(
         self, *, ttl_max: int | None = None, resend: Callable[[str], object] | None = None
     ) -> AgentTools:
-        """Tools for an LLM agent bound to this run (DESIGN §7); their evidence joins the receipt.
+        """Tools for an LLM agent bound to this run; their evidence joins the receipt.
 
-        ``ttl_max`` caps the ttl an agent may ask for (default: the contract's ttl);
-        ``resend(address)`` makes the app send its mail again, offered as ``request_resend``.
+        ``ttl_max`` caps the ttl an agent may ask for (default: the contract's ttl; what
+        ``mailbox_ttl_max`` takes); ``resend(address)`` makes the app send its mail again,
+        offered as ``request_resend``. A bad value raises ``ContractError`` here. See
+        docs/agents.md.
         """
         from pytest_mailbox.agent import AgentTools  # noqa: PLC0415 - agent imports this module
 

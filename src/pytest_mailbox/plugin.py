@@ -91,7 +91,8 @@ def pytest_configure(config: pytest.Config) -> None:
             override_ini=config.getoption("override_ini", None) or (),
         )
     except ValueError as exc:
-        raise pytest.UsageError(f"pytest-mailbox: {exc}") from None
+        msg = f"pytest-mailbox: {exc}"
+        raise pytest.UsageError(msg) from None
     if not is_loopback(settings.host) and not _is_worker(config):
         _warn_exposed(config, settings.host)
     config.stash[_settings_key] = settings
@@ -256,7 +257,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Every test is over: stop the fixed-port sink, expire what a dead worker left open."""
+    """Every test is over: stop the fixed-port sink; close what this run left open (a
+    crashed worker's mailboxes: ``orphaned``, then ``released_error``, or ``expired``)."""
     config = session.config
     sink = config.stash.get(_fixed_sink_key, None)
     if sink is not None:
@@ -329,7 +331,7 @@ class _Fixtures:
             return state.email_contract()
 
         def isolated_mailbox(
-            mailbox_server: MailSink, mailbox_store: Store, email_contract: EmailContract
+            mailbox_server: SmtpEndpoint, mailbox_store: Store, email_contract: EmailContract
         ) -> Iterator[Mailbox]:
             yield from state.isolated_mailbox(mailbox_server, mailbox_store, email_contract)
 
@@ -396,10 +398,10 @@ class _Fixtures:
         return settings.contract if contract is None else contract
 
     def isolated_mailbox(
-        self, mailbox_server: MailSink, mailbox_store: Store, email_contract: EmailContract
+        self, mailbox_server: SmtpEndpoint, mailbox_store: Store, email_contract: EmailContract
     ) -> Iterator[Mailbox]:
         """A fresh alias on the session's sink, reserved for this test's run under its
-        contract."""
+        contract (``mailbox_server`` only orders the fixtures: the sink is up first)."""
         from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
         from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415
 

@@ -235,7 +235,8 @@ class _Handler:
 
 #: aiosmtpd versions whose ``SMTP.__init__`` ``_Protocol._setup`` is checked to reproduce
 #: (tests/test_hostile.py compares the two attribute by attribute); any other version
-#: gets aiosmtpd's own, and ``_setup`` is the only user of aiosmtpd's private names.
+#: gets aiosmtpd's own. ``_setup`` is the only copy of aiosmtpd's internals; the overrides
+#: of ``_getaddr``, ``_timeout_cb`` and ``_create_envelope`` apply to every version.
 _SETUP_CHECKED = ("1.4.6",)
 
 
@@ -700,8 +701,9 @@ class MailSink(SmtpEndpoint):
         return self.commit([self._incoming(mail_from, deliveries, raw, transport)])[0]
 
     def commit(self, messages: list[Incoming], *, wait: bool = True) -> list[list[str]]:
-        """Commit in one transaction, then wake waiters; ``StoreBusy`` if another connection
-        holds the write lock and ``wait`` is False, or ``stop()`` is called while it waits."""
+        """Commit in one transaction, then wake waiters; ``StoreBusy`` if ``wait`` is False
+        and another connection holds the write lock or the log is past ``wal_limit``, or if
+        ``stop()`` is called while it waits."""
         ids = self.store.deliver_all(messages, sink=self.name, wait=wait, give_up=self._stopping)
         self.signal.notify()
         return ids

@@ -332,8 +332,9 @@ class Handle(NamedTuple):
 
 
 class StoreBusy(Exception):
-    """Another connection holds the write lock, and the caller asked not to wait for it
-    (``wait=False``), or to stop waiting (``give_up``)."""
+    """A write did not start: another connection holds the write lock, or the write-ahead
+    log is past ``wal_limit``, and the caller asked not to wait (``wait=False``), or to
+    stop waiting (``give_up``)."""
 
 
 class Store:

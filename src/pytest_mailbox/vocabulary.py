@@ -29,7 +29,7 @@ __all__ = [
 
 
 class Status(str, enum.Enum):
-    """One vocabulary for results, exceptions, receipts and agent answers (DESIGN §4)."""
+    """One vocabulary for results, exceptions, receipts and agent answers (docs/contract.md)."""
 
     RESERVED = "reserved"
     WAITING = "waiting"
