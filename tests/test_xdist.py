@@ -290,6 +290,33 @@ def test_fixed_port_taken_by_another_program(pytester: pytest.Pytester) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["--collect-only", "-q"],
+        ["--collect-only", "-q", "-n", "2"],
+        ["--fixtures"],
+        ["--fixtures-per-test"],
+        ["--setup-plan"],
+    ],
+    ids=["collect-only", "collect-only-xdist", "fixtures", "fixtures-per-test", "setup-plan"],
+)
+def test_a_listing_run_beside_a_fixed_port_run_neither_binds_nor_makes_a_store(
+    pytester: pytest.Pytester, command: list[str]
+) -> None:
+    # An IDE lists the tests while the suite runs on its fixed port: the port is taken.
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+    with socket.socket() as running_suite:
+        running_suite.bind(("127.0.0.1", 0))
+        running_suite.listen()
+        port = running_suite.getsockname()[1]
+        result = pytester.runpytest(*command, f"--mailbox-port={port}", "--basetemp=listing")
+
+    assert result.ret == pytest.ExitCode.OK
+    assert "cannot listen" not in "\n".join(result.outlines + result.errlines)
+    assert not (pytester.path / "listing" / STORE_NAME).exists()
+
+
 def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """Run B sends to run A's address while both run: A never sees it, B keeps it unrouted."""
     shared = tmp_path / "shared"

@@ -231,11 +231,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """
     config = session.config
     settings = config.stash[_settings_key]
-    if _is_worker(config):
+    # A run that only lists binds nothing and makes no store: an IDE's discovery lists
+    # beside a suite that holds the fixed port, or on a machine that has no such host.
+    if _is_worker(config) or _lists_only(config):
         return
     if settings.port == 0:  # each worker's sink binds a free port: try the host once here
-        if _lists_only(config):  # an IDE's discovery on another machine lists all the same
-            return
         try:
             check_host(settings.host)
         except SinkError as exc:
