@@ -1161,6 +1161,21 @@ def test_a_masker_leaves_what_unrelated_output_shows() -> None:
     assert mask("token=3DZq8xY=\\r\\ntK2mPw9RvLsAb3dEf7h") == "token=3D" + "•" * 29
 
 
+def test_a_masker_hides_half_of_a_six_digit_code_next_to_a_cut() -> None:
+    mask = Masker({"815274"})
+
+    # unittest's assertEqual shortens both strings; its diff line masks all but the last two
+    shortened = "AssertionError: 'Hello! Your code for the example.[47 chars]274.' != 'x'"
+    assert mask(shortened) == shortened.replace("274.", "•••.")
+    assert mask("code 815...") == "code •••..."
+    # pytest's diff after "Skipping N identical leading characters": the line's edge
+    diff = "Skipping 80 identical leading characters in diff, use -v to show\n- 274. Bye\n+ x"
+    assert mask(diff).splitlines()[1] == "- •••. Bye"
+    # three characters that are not the value's own start (end) there stay
+    for line in ("id 274...", "'...815 more'", "'...2745 more'"):
+        assert mask(line) == line
+
+
 def test_a_masker_finds_a_value_quoted_printable_escaped_in_a_raw_body() -> None:
     link = "https://app.example.test/verify?token=Zq8xK2pLmN4vB7cR9tYwQ2s=="
     mask = Masker(remember_extracted("link", link) | {"コードQX7K"})

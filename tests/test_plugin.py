@@ -1971,6 +1971,18 @@ class TestSignup(unittest.TestCase):
         self.assertEqual(self.link, "https://app.example.test/login")
 
 
+class TestSignIn(unittest.TestCase):
+    @pytest.fixture(autouse=True)
+    def _inject(self, isolated_mailbox, send):
+        send(isolated_mailbox.address, body="Hello! Your sign-in code for the example.test "
+             "application, valid for ten minutes, is 815274.")
+        self.msg = isolated_mailbox.wait_for()
+        self.code = self.msg.code(r"is (\\d{6})")
+
+    def test_text(self):  # unittest shows '…[47 chars]274.': half of the code
+        self.assertEqual(self.msg.text.strip(), "something else entirely")
+
+
 def test_strings_of_one_length_cut_on_both_sides(isolated_mailbox, send):
     intro = "Hello Alice, welcome to the example application. Click "
     send(isolated_mailbox.address, body=f"{intro}https://app.example.test/v?t={CODE} to confirm"
@@ -2010,10 +2022,11 @@ def test_values_cut_by_a_diff_or_by_unittest_are_masked_and_nothing_else(
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(test_cut=CUT_SUITE)
     result = pytester.runpytest("-n", workers, "-p", "no:randomly", "--junitxml=junit.xml")
-    result.assert_outcomes(failed=6, passed=1)
+    result.assert_outcomes(failed=7, passed=1)
     text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
-    for piece in ("K7QM", "TXW4", "9f86d081884c", "c55ad015a", "W9vBn7Lc", "Lc3Hs5Jd"):
+    for piece in ("K7QM", "TXW4", "9f86d081884c", "c55ad015a", "W9vBn7Lc", "Lc3Hs5Jd", "]274"):
         assert piece not in text, piece
+    assert "chars]•••." in text
     result.stdout.fnmatch_lines(["*- 2024-05-02", "*+ 2024-05-01"])
     assert "- 2024 rewrite of the parser" in text
 

@@ -632,7 +632,7 @@ class Masker:
         shows at least half of it or eight characters (a line pytest cut on both sides)."""
         hidden = [False] * len(body)
         for value in self.cut:
-            if len(value) < 2 * _MIN_CUT:
+            if len(value) < _MIN_INNER:
                 continue
             size = _overlap(value)
             for at in range(len(value) - size + 1):
@@ -646,17 +646,18 @@ class Masker:
 
     def _start_of_value(self, before: str, least: int | None = None) -> int:
         """How long a start of a value ends ``before``."""
-        having = self._having(before[-4:])
+        having = self._having(before[-_MIN_CUT:])
         return max((_start_before_cut(before, v, least) for v in having), default=0)
 
     def _end_of_value(self, after: str, least: int | None = None) -> int:
         """How long an end of a value begins ``after``."""
-        return max((_end_after_cut(after, v, least) for v in self._having(after[:4])), default=0)
+        having = self._having(after[:_MIN_CUT])
+        return max((_end_after_cut(after, v, least) for v in having), default=0)
 
     def _mask_diff(self, text: str) -> str:
         """The lines of pytest's diff after "Skipping N identical leading (trailing)
         characters in diff": each begins (ends) where pytest cut both strings, perhaps
-        inside a value, whose piece there is masked from four characters on."""
+        inside a value, whose piece there is masked from three characters on."""
         lines = text.split("\n")
         edges: set[str] = set()  # both, for strings of one length: cut on either side
         for i, line in enumerate(lines):
@@ -687,7 +688,10 @@ _SKIPPED = re.compile(r"Skipping \d+ identical (leading|trailing) characters in 
 #: A line of that diff: the report's ``E`` and indent, ndiff's ``- ``, ``+ ``, ``? `` or
 #: ``  ``, then the text (its indent is taken as the line's: a cut never ends in spaces).
 _DIFF_BODY = re.compile(r"(E?[ \t]*(?:[-+?] )?[ \t]*)(.*?)([ \t\r]*)$")
-_MIN_CUT = 4
+#: The shortest piece of a value next to a cut that counts: half of a six-digit code.
+_MIN_CUT = 3
+#: The shortest value whose middle, alone in a line cut on both sides, counts.
+_MIN_INNER = 8
 #: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
 _MAX_PIECED = 4096
 #: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``).
@@ -695,7 +699,7 @@ _SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
 
 
 def _overlap(value: str) -> int:
-    """How much of ``value`` a cut piece must show to count: half of it, 4 to 8."""
+    """How much of ``value`` a cut piece must show to count: half of it, 3 to 8."""
     return min(8, max(_MIN_CUT, len(value) // 2))
 
 
