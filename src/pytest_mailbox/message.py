@@ -108,6 +108,8 @@ _GROUPED = re.compile(  # (?=\d): every alternative starts with a digit, so it f
 _GROUP = re.compile(r"\d+")
 _YEAR = re.compile(r"(?:19|20)\d\d")
 _GROUPED_DIGITS = range(6, 13)
+#: Six digits anywhere: fewer cannot make a code in groups (``_GROUPED_DIGITS``).
+_SIX_DIGITS = re.compile(r"\d(?:\D*\d){5}")
 #: A value its own mailbox extracted is masked inside a longer word from this length on.
 _MIN_INSIDE = 4
 _HEX = re.compile(r"[0-9A-Fa-f]+")
@@ -240,8 +242,14 @@ def mask_secrets(text: str, recorded: Recorded | None = None) -> str:
 
     Dates and times keep their digits (``2026-12-03``, ``16:30:00.123456``).
     """
-    text = _GROUPED.sub(_mask_grouped, text)
-    return mask_recorded(_MASKABLE.sub(_mask_digit_runs, text), recorded)
+    # Each pass looks at every word; most texts (a subject, a selector) give it nothing to
+    # do. A code in groups has six digits at least, a masked run four in a row: without
+    # them, a pass would hand every word back as it is.
+    if _SIX_DIGITS.search(text):
+        text = _GROUPED.sub(_mask_grouped, text)
+    if _DIGITS.search(text):
+        text = _MASKABLE.sub(_mask_digit_runs, text)
+    return mask_recorded(text, recorded)
 
 
 def _mask_grouped(match: re.Match[str]) -> str:
