@@ -333,11 +333,14 @@ def sequence(directory: str, count: int, rounds: int) -> None:
     and notify; ``wait_for`` and its claim; ack; close, with the receipt its fixture writes
     to the report) and the floor suite's five writes (``benchmarks/floor.py``). The two
     take turns, ``count`` tests each per round. This is the part of a test's cost that the
-    suites' wall times cannot tell apart from the machine's noise."""
+    suites' wall times cannot tell apart from the machine's noise. Each suite's sink
+    commits on a connection of its own, as in a run (the plugin's sink thread has its
+    own): a commit there makes the test's connection read the pages it changed again."""
     base = Path(directory)
     base.mkdir(parents=True, exist_ok=True)
     store = Store(base / "mailbox.sqlite3")
-    sink = MailSink(store, domains=[DOMAIN], name="sequence")  # never started: accept() only
+    sink_store = Store(base / "mailbox.sqlite3")  # the sink's own connection
+    sink = MailSink(sink_store, domains=[DOMAIN], name="sequence")  # never started: accept()
     least = floor.open_store(base / "floor.sqlite3")
     sink_side = floor.connect(base / "floor.sqlite3")  # the floor sink's own connection
 
@@ -385,6 +388,7 @@ def sequence(directory: str, count: int, rounds: int) -> None:
                     spent[kind].setdefault(step, []).append(total / count)
     finally:
         store.close()
+        sink_store.close()
         least.conn.close()
         sink_side.close()
     emit(
