@@ -27,11 +27,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import storekit
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from pydantic_ai import Agent, RunContext, Tool
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
+from storekit import claim
+from test_store import deliver, reserve_mailbox
 
 from pytest_mailbox import (
     ContractError,
@@ -1998,3 +2001,37 @@ def test_evidence_masks_an_id_only_when_the_agent_echoed_a_value_whole(
         "purpose": "••••••••••t9",
         "timeout": 4965,
     }
+
+
+def test_an_agent_claim_with_exactly_the_contracts_lease_is_allowed(store: Store) -> None:
+    mailbox = reserve_mailbox(store)  # lease=30
+    deliver(store, mailbox)
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    answer = tools.call("claim_message", {"fixture_id": own, "selector": {}, "lease": 30})
+    assert answer["status"] == "claimed", answer
+
+
+def test_reveal_refuses_a_message_another_holder_claimed(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver(store, mailbox)
+    tools = mailbox.agent_tools()
+    row = store.mailbox(mailbox.mailbox_id)
+    assert claim(store, row, message_id, holder="another-run").status is Status.CLAIMED
+    with pytest.raises(MailboxClosed) as refused:
+        tools.reveal(message_id)
+    assert refused.value.status is Status.POLICY_DENIED
+
+
+def test_a_released_toolset_still_answers_released_after_the_ttl(
+    store: Store, clock: storekit.Clock
+) -> None:
+    mailbox = reserve_mailbox(store)  # ttl=120
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    done = tools.call("release_mailbox", {"fixture_id": own, "reason": "released_success"})
+    assert done["status"] == "released"
+    clock.advance(200)
+    later = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
+    assert later["status"] == "released", later  # as the store and the receipt say
+    assert store.mailbox(own).close_reason == "released_success"

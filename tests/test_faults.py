@@ -175,6 +175,10 @@ def test_the_sink_asks_about_faults_once_per_recipient_unless_one_is_owed(
             {"stage": "DATA", "times": 0},
             "inject_fault: times=0 is invalid; allowed: an integer 1..1000",
         ),
+        (
+            {"stage": "DATA", "times": 1001},
+            "inject_fault: times=1001 is invalid; allowed: an integer 1..1000",
+        ),
         (  # not a str at all: a ContractError too, not the regex's TypeError
             {"stage": "RCPT", "reply": 451},
             "inject_fault: reply=451 is invalid; allowed: a 4xx or 5xx SMTP reply on one "

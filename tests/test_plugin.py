@@ -1680,6 +1680,12 @@ def test_a_subtest_that_passed_is_not_its_test_passing(
             isolated_mailbox.wait_for(subject_contains="Verify")
             with subtests.test("the link works"):
                 pass
+
+        def test_fails_in_a_subtest(isolated_mailbox, send, subtests):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for(subject_contains="Verify")
+            with subtests.test("the link works"):
+                assert False  # the body goes on and passes: the test has failed all the same
         """
     )
 
@@ -1689,6 +1695,7 @@ def test_a_subtest_that_passed_is_not_its_test_passing(
     assert closed == {
         "test_xfails_after_a_subtest": ("released_error", ["waiting"]),
         "test_passes_with_a_subtest": ("released_success", ["consumed"]),
+        "test_fails_in_a_subtest": ("released_error", ["waiting"]),
     }
 
 

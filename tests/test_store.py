@@ -26,6 +26,7 @@ from pytest_mailbox.errors import (
     ContractError,
     LeaseExpired,
     MailboxClosed,
+    WaitTimeout,
 )
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
 from pytest_mailbox.store import _OPEN, SWEEP_EVERY, Delivery, MailboxRow, MessageRow, Store
@@ -1276,3 +1277,47 @@ def test_a_runs_end_closes_and_counts_only_its_own_mailboxes(tmp_path: Path) -> 
     finally:
         first.close()
         second.close()
+
+
+def test_a_fault_armed_after_an_earlier_one_was_used_up_is_still_taken(store: Store) -> None:
+    mb, _ = store.reserve(run_id="r", purpose="f", ttl=600, domain=DOMAIN)
+    store.add_fault(mb.mailbox_id, mb.fence, stage="DATA", reply="451 4.3.0 First", times=1)
+    assert store.take_fault(mb.alias, mb.domain, "DATA") == "451 4.3.0 First"
+    store.add_fault(mb.mailbox_id, mb.fence, stage="DATA", reply="452 4.3.1 Second", times=1)
+
+    assert store.take_fault(mb.alias, mb.domain, "DATA") == "452 4.3.1 Second"
+    assert store.take_fault(mb.alias, mb.domain, "DATA") is None
+
+
+def test_inject_fault_takes_up_to_a_thousand_times(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    mailbox.inject_fault(stage="DATA", times=1000)
+    assert [e.status for e in mailbox.receipt().events].count("fault_armed") == 1
+
+
+def test_a_wait_that_found_nothing_leaves_the_mailbox_waiting(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    with pytest.raises(WaitTimeout):
+        mailbox.wait_for(timeout=0)
+    assert mailbox.state == "waiting"
+    assert store.mailbox(mailbox.mailbox_id).state == "waiting"
+
+
+def test_renew_moves_the_claimed_messages_lease_until(store: Store, clock: Clock) -> None:
+    mailbox = reserve_mailbox(store)
+    deliver(store, mailbox)
+    msg = mailbox.wait_for(lease=5)
+    clock.advance(1)
+    msg.renew(lease=20)
+    assert msg.lease_until == utc(clock.now + 20)
+
+
+def test_a_failed_tests_close_gives_back_only_its_own_claims(store: Store) -> None:
+    mailbox = reserve_mailbox(store)
+    message_id = deliver(store, mailbox)
+    row = store.mailbox(mailbox.mailbox_id)
+    assert claim(store, row, message_id, holder="another-run").status is Status.CLAIMED
+
+    receipt = mailbox.close(success=False)
+
+    assert "unclaimed" not in [e.status for e in receipt.events]  # never this run's claim
