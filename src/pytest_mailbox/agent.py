@@ -1073,8 +1073,7 @@ class AgentTools:
         held = [
             row
             for row in mailbox.store.messages(mailbox.mailbox_id)
-            if row.state == Status.CLAIMED.value
-            and (row.lease_until or 0) > now
+            if row.leased(now)
             and self._got(row.message_id, row.fence)
             and mailbox._selects(row, chosen)
         ]
@@ -1132,7 +1131,7 @@ class AgentTools:
             return None  # a later claim of its own: claiming again hands back its fence
         if row.state == Status.CONSUMED.value:
             return "another holder acknowledged it under a newer claim; do not act on it"
-        if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
+        if row.leased(now):
             return (
                 "that fence's claim is over and a newer claim by another holder has it "
                 "leased; acking is that holder's to do"
@@ -1176,10 +1175,7 @@ class AgentTools:
             row is None
             or row.mailbox_id != mailbox.mailbox_id
             or row.holder != mailbox.run_id
-            or not (
-                row.state == Status.CONSUMED.value
-                or (row.state == Status.CLAIMED.value and (row.lease_until or 0) > now)
-            )
+            or not (row.state == Status.CONSUMED.value or row.leased(now))
         ):
             msg = (
                 f"{message_id} is not a message that run {mailbox.run_id} holds in "

@@ -691,7 +691,7 @@ class Mailbox:
         if not include_taken:
             if row.state == Status.CONSUMED.value:
                 return f"already consumed (fence {row.fence})"
-            if row.state == Status.CLAIMED.value and (row.lease_until or 0) > now:
+            if row.leased(now):
                 return f"already claimed by run {row.holder} (fence {row.fence})"
         return self._content_reason(row, selector)
 
@@ -925,8 +925,11 @@ class Mailbox:
         if row is not None and row.active and row.fence == self.fence:
             now = self.store.clock()
             for message in self.store.messages(self.mailbox_id):
-                live = message.state == Status.CLAIMED.value and (message.lease_until or 0) > now
-                if live and message.holder == self.run_id and message.fence is not None:
+                if (
+                    message.leased(now)
+                    and message.holder == self.run_id
+                    and message.fence is not None
+                ):
                     self.store.release_claim(
                         message.message_id, message.fence, mailbox=self._handle
                     )

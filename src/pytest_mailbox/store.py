@@ -268,6 +268,10 @@ class MessageRow(NamedTuple):
     claimed_at: float | None
     consumed_at: float | None
 
+    def leased(self, now: float) -> bool:
+        """Under a claim whose lease has not run out at ``now``."""
+        return self.state == Status.CLAIMED.value and (self.lease_until or 0) > now
+
 
 class History(NamedTuple):
     """Everything a receipt is made of, read in one snapshot of the store."""
