@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import types
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -165,10 +166,9 @@ def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_be
     suites = benchmark_suites()
     path = suites.generate(tmp_path, "floor", 3)
     suites.run(path, "floor", 3)  # raises unless every test passed
-    with sqlite3.connect(path / "basetemp" / "floor0" / "store.sqlite3") as conn:
+    with closing(sqlite3.connect(path / "basetemp" / "floor0" / "store.sqlite3")) as conn:
         boxes = conn.execute("SELECT state, count(*) FROM boxes GROUP BY state").fetchall()
         mails = conn.execute("SELECT state, count(*) FROM mails GROUP BY state").fetchall()
-    conn.close()
     assert (boxes, mails) == ([("released", 3)], [("consumed", 3)])
 
     results = smoke_run(tmp_path, "suites")

@@ -335,14 +335,20 @@ def test_bare_lf_is_refused_under_refuse_policy_and_the_session_goes_on(
 
 
 def test_sink_refuses_an_unknown_data_policy(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="data_policy='strict' is invalid; allowed: flag, refuse"):
-        MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN], data_policy="strict")
+    with (
+        contextlib.closing(Store(tmp_path / "s.sqlite3")) as store,
+        pytest.raises(ValueError, match="data_policy='strict' is invalid; allowed: flag, refuse"),
+    ):
+        MailSink(store, domains=[DOMAIN], data_policy="strict")
 
 
 @pytest.mark.parametrize("size", [0, -1, None, True, 1.5])
 def test_sink_refuses_a_max_message_size_that_is_no_bound(tmp_path: Path, size: object) -> None:
-    with pytest.raises(ValueError, match=r"^max_message_size=") as refused:
-        MailSink(Store(tmp_path / "s.sqlite3"), domains=[DOMAIN], max_message_size=size)  # type: ignore[arg-type]
+    with (
+        contextlib.closing(Store(tmp_path / "s.sqlite3")) as store,
+        pytest.raises(ValueError, match=r"^max_message_size=") as refused,
+    ):
+        MailSink(store, domains=[DOMAIN], max_message_size=size)  # type: ignore[arg-type]
     assert str(refused.value) == (
         f"max_message_size={size!r} is invalid; allowed: a positive number of bytes "
         "(the plugin's mailbox_max_message_size: 1024..1073741824)"
@@ -1020,7 +1026,8 @@ def test_store_failure_reply_never_echoes_internals_or_content(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     mailbox = reserve(sink)
-    with sqlite3.connect(sink.store.path) as conn:  # another process breaks the store
+    with contextlib.closing(sqlite3.connect(sink.store.path, isolation_level=None)) as conn:
+        # another process breaks the store
         conn.execute("ALTER TABLE messages RENAME TO messages_gone")
     client.envelope(angle(mailbox))
 

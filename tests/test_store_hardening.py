@@ -18,6 +18,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ def kill_9(process: subprocess.Popen[str]) -> None:
 
 
 def integrity(path: Path) -> str:
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
@@ -129,7 +130,7 @@ def test_kill_9_inside_a_write_transaction_leaves_the_store_usable(
         *delivered,
         after,
     ]
-    with sqlite3.connect(store.path) as conn:
+    with closing(sqlite3.connect(store.path)) as conn:
         leftovers = conn.execute("SELECT COUNT(*) FROM bodies WHERE raw = ?", (b"never committed",))
         assert leftovers.fetchone()[0] == 0
 
@@ -467,9 +468,8 @@ def test_a_commit_that_must_not_wait_leaves_the_log_to_a_writer_that_may(
     store.deliver_all([big])  # the sink's writer thread
     assert wal.stat().st_size == 0
     store.deliver_all([big], wait=False)
-    with sqlite3.connect(store.path) as conn:
+    with closing(sqlite3.connect(store.path)) as conn:
         (stored,) = conn.execute("SELECT count(*) FROM messages").fetchone()
-    conn.close()
     assert stored == committed + 2  # the refused one was not stored
     store.close()
 
@@ -587,8 +587,7 @@ def test_a_commit_given_up_before_it_begins_stores_nothing(tmp_path: Path) -> No
     stopping.set()
     with pytest.raises(StoreBusy, match="given up: the sink stops"):
         store.deliver_all([big], give_up=stopping)
-    with sqlite3.connect(store.path) as conn:
+    with closing(sqlite3.connect(store.path)) as conn:
         (stored,) = conn.execute("SELECT count(*) FROM messages").fetchone()
-    conn.close()
     assert stored == 0
     store.close()

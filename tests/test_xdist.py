@@ -50,9 +50,9 @@ def test_user(isolated_mailbox, send, n):
 """
 
 
-def _store(pytester: pytest.Pytester) -> sqlite3.Connection:
+def _store(pytester: pytest.Pytester) -> closing[sqlite3.Connection]:
     # pytester runs pass --basetemp=<parent>/basetemp; the controller's store lives there.
-    return sqlite3.connect(pytester.path.parent / "basetemp" / STORE_NAME)
+    return closing(sqlite3.connect(pytester.path.parent / "basetemp" / STORE_NAME))
 
 
 def _junit_receipts(junit: Path, test: str) -> list[Receipt]:
