@@ -71,30 +71,29 @@ def test_aiosmtplib_send_is_delivered(mailbox_server: MailSink, isolated_mailbox
 def test_django_smtp_backend_is_delivered(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:
-    from django.conf import settings  # noqa: PLC0415 - configured below, only for this test
-    from django.core.mail import EmailMultiAlternatives, get_connection  # noqa: PLC0415
+    """Django's own SMTP backend, set up by ``settings["django"]`` as it is for the Django
+    installed: ``MAILERS`` from 6.1 (the newest-versions run), ``EMAIL_*`` before."""
+    import django  # noqa: PLC0415 - configured below, only for this test
+    from django.conf import settings  # noqa: PLC0415
+    from django.core.mail import EmailMultiAlternatives  # noqa: PLC0415
+    from django.test.utils import override_settings  # noqa: PLC0415
 
     django_settings = mailbox_server.settings["django"]
-    assert django_settings["EMAIL_HOST"] == mailbox_server.host == "127.0.0.1"
-    assert django_settings["EMAIL_PORT"] == mailbox_server.port
+    if django.VERSION >= (6, 1):
+        assert list(django_settings) == ["MAILERS"]
+    else:
+        assert "MAILERS" not in django_settings
     if not settings.configured:
-        settings.configure(**django_settings)
-    connection = get_connection(
-        backend=django_settings["EMAIL_BACKEND"],
-        host=django_settings["EMAIL_HOST"],
-        port=django_settings["EMAIL_PORT"],
-        fail_silently=False,
-    )
-    mail = EmailMultiAlternatives(
-        subject=SUBJECT,
-        body=TEXT,
-        from_email=f"Exemple <{SENDER}>",
-        to=[isolated_mailbox.address],
-        connection=connection,
-    )
-    mail.attach_alternative(HTML, "text/html")
-
-    assert mail.send() == 1
+        settings.configure()
+    with override_settings(**django_settings):  # -W error: no deprecated setting is used
+        mail = EmailMultiAlternatives(
+            subject=SUBJECT,
+            body=TEXT,
+            from_email=f"Exemple <{SENDER}>",
+            to=[isolated_mailbox.address],
+        )
+        mail.attach_alternative(HTML, "text/html")
+        assert mail.send() == 1
 
     msg = isolated_mailbox.wait_for(sender=SENDER, timeout=10)
     assert_verification_mail(msg)

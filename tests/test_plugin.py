@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import types
 import weakref
 import xml.etree.ElementTree as ET
 from contextlib import closing
@@ -19,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mailbox import plugin
+from pytest_mailbox import endpoint, plugin
 from pytest_mailbox.contract import MessageReceipt, Receipt
+from pytest_mailbox.endpoint import SmtpEndpoint
 from pytest_mailbox.receipts import format_table, read_receipts
 from pytest_mailbox.receipts import main as receipts_main
 from pytest_mailbox.settings import options_table
@@ -991,6 +993,60 @@ def test_a_failing_waits_traceback_shows_no_extracted_code(pytester: pytest.Pyte
         assert "QXKZTRWB" not in text
 
 
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ((5, 2, 8, "final", 0), ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]),
+        ((6, 0, 0, "final", 0), ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]),
+        ((6, 1, 0, "alpha", 0), ["MAILERS"]),
+        ((7, 0, 0, "final", 0), ["MAILERS"]),
+    ],
+)
+def test_django_settings_follow_the_django_in_use(
+    monkeypatch: pytest.MonkeyPatch, version: tuple[object, ...], expected: list[str]
+) -> None:
+    """Django 6.1 deprecates the EMAIL_* settings for MAILERS, and refuses them beside one:
+    ``settings["django"]`` is whichever the imported Django reads. (The newest-versions run
+    sends through Django 6.1 itself: tests/test_clients.py and the Django recipe.)"""
+    monkeypatch.setitem(sys.modules, "django", types.SimpleNamespace(VERSION=version))
+    django = SmtpEndpoint("127.0.0.1", 2525).settings["django"]
+    assert [key for key in expected if key in django] == expected
+    if expected == ["MAILERS"]:
+        assert list(django) == ["MAILERS"]
+        assert django["MAILERS"] == {
+            "default": {
+                "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+                "OPTIONS": {
+                    "host": "127.0.0.1",
+                    "port": 2525,
+                    "username": "",
+                    "password": "",
+                    "use_tls": False,
+                    "use_ssl": False,
+                },
+            }
+        }
+    else:
+        assert (django["EMAIL_HOST"], django["EMAIL_PORT"]) == ("127.0.0.1", 2525)
+
+
+def test_django_version_without_an_imported_django_is_the_installed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(sys.modules, "django", raising=False)
+    installed = importlib.metadata.version("django")  # the test extra installs it
+    assert endpoint.django_version() == tuple(int(n) for n in installed.split(".")[:2])
+    endpoint._installed_django.cache_clear()
+    monkeypatch.setattr(importlib.metadata, "version", _not_installed)
+    assert endpoint.django_version() == (0, 0)
+    assert "EMAIL_HOST" in SmtpEndpoint("127.0.0.1", 2525).settings["django"]
+    endpoint._installed_django.cache_clear()
+
+
+def _not_installed(name: str) -> str:
+    raise importlib.metadata.PackageNotFoundError(name)
+
+
 def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
@@ -999,8 +1055,12 @@ def test_server_settings_for_frameworks(pytester: pytest.Pytester) -> None:
             assert mailbox_server.port > 0
             assert mailbox_server.smtp_url == f"smtp://127.0.0.1:{mailbox_server.port}"
             django = mailbox_server.settings["django"]
-            assert django["EMAIL_HOST"] == "127.0.0.1"
-            assert django["EMAIL_PORT"] == mailbox_server.port
+            if "MAILERS" in django:  # Django 6.1 and later
+                django = django["MAILERS"]["default"]["OPTIONS"]
+                assert (django["host"], django["port"]) == ("127.0.0.1", mailbox_server.port)
+            else:
+                assert django["EMAIL_HOST"] == "127.0.0.1"
+                assert django["EMAIL_PORT"] == mailbox_server.port
             flask = mailbox_server.settings["flask"]
             assert (flask["MAIL_SERVER"], flask["MAIL_PORT"]) == ("127.0.0.1", mailbox_server.port)
             assert mailbox_server.settings["env"]["SMTP_PORT"] == str(mailbox_server.port)

@@ -8,9 +8,12 @@ xdist controller never runs a sink: none of that should import asyncio and aiosm
 from __future__ import annotations
 
 import errno
+import functools
+import importlib.metadata
 import ipaddress
 import re
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -169,17 +172,14 @@ class SmtpEndpoint:
 
     @property
     def settings(self) -> dict[str, dict[str, Any]]:
-        """Ready-made mail settings: Django, Flask-Mail, and environment for a subprocess."""
+        """Ready-made mail settings: Django, Flask-Mail, and environment for a subprocess.
+
+        ``"django"`` fits the Django installed: from Django 6.1 a ``MAILERS`` whose
+        ``default`` mailer sends here (6.1 deprecates the ``EMAIL_*`` settings, and refuses
+        them beside a ``MAILERS``), before 6.1 the ``EMAIL_*`` settings.
+        """
         return {
-            "django": {
-                "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
-                "EMAIL_HOST": self.host,
-                "EMAIL_PORT": self.port,
-                "EMAIL_HOST_USER": "",
-                "EMAIL_HOST_PASSWORD": "",
-                "EMAIL_USE_TLS": False,
-                "EMAIL_USE_SSL": False,
-            },
+            "django": self._django(),
             "flask": {
                 "MAIL_SERVER": self.host,
                 "MAIL_PORT": self.port,
@@ -194,3 +194,46 @@ class SmtpEndpoint:
                 "SMTP_URL": self.smtp_url,
             },
         }
+
+    def _django(self) -> dict[str, Any]:
+        if django_version() >= (6, 1):
+            options = {
+                "host": self.host,
+                "port": self.port,
+                "username": "",
+                "password": "",
+                "use_tls": False,
+                "use_ssl": False,
+            }
+            return {"MAILERS": {"default": {"BACKEND": _DJANGO_SMTP, "OPTIONS": options}}}
+        return {
+            "EMAIL_BACKEND": _DJANGO_SMTP,
+            "EMAIL_HOST": self.host,
+            "EMAIL_PORT": self.port,
+            "EMAIL_HOST_USER": "",
+            "EMAIL_HOST_PASSWORD": "",
+            "EMAIL_USE_TLS": False,
+            "EMAIL_USE_SSL": False,
+        }
+
+
+_DJANGO_SMTP = "django.core.mail.backends.smtp.EmailBackend"
+
+
+def django_version() -> tuple[int, int]:
+    """(major, minor) of the Django in use: the imported one, else the installed one;
+    (0, 0) without Django."""
+    imported = getattr(sys.modules.get("django"), "VERSION", None)
+    if imported is not None:
+        return int(imported[0]), int(imported[1])
+    return _installed_django()
+
+
+@functools.cache
+def _installed_django() -> tuple[int, int]:
+    try:
+        text = importlib.metadata.version("django")
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+    numbers = re.match(r"(\d+)\.(\d+)", text)
+    return (int(numbers[1]), int(numbers[2])) if numbers else (0, 0)

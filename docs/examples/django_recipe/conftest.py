@@ -10,6 +10,7 @@ from pytest_mailbox import MailSink
 
 @pytest.fixture
 def django_mail(settings: Settings, mailbox_server: MailSink) -> None:
-    """EMAIL_BACKEND, EMAIL_HOST, EMAIL_PORT, ...; pytest-django restores them after the test."""
+    """MAILERS (Django 6.1 and later) or EMAIL_HOST, EMAIL_PORT, ...: the settings this
+    Django reads; pytest-django restores them after the test."""
     for key, value in mailbox_server.settings["django"].items():
         setattr(settings, key, value)
