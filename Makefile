@@ -10,12 +10,21 @@ NODE_DIR := .node
 NODE_STAMP := $(NODE_DIR)/.installed
 NODE_DEPS := $(if $(shell command -v node 2>/dev/null),$(NODE_STAMP))
 
+# Other Pythons, where this machine has them (on PATH or from pyenv): the lowest that
+# pyproject.toml allows (else $(PYTHON)), and the newest there is.
+LOWEST_PYTHON := $(or $(shell .ci/python-of 3.10),$(PYTHON))
+NEWEST_PYTHON := $(shell .ci/python-of 3.14 3.13 3.12)
+
 # The lowest versions pyproject.toml allows (.ci/min-versions.txt), in a venv of their own.
 MIN_VENV := .venv-min
 MIN_STAMP := $(MIN_VENV)/.installed
 MIN_TESTS := examples tests/test_plugin.py tests/test_xdist.py tests/test_misuse.py
 
-.PHONY: bootstrap demo test lint typecheck docs unit mindeps node-deps bench clean
+# The newest releases of everything, on the newest Python: Django 6.1, for one, needs 3.12.
+NEW_VENV := .venv-newest
+NEW_STAMP := $(NEW_VENV)/.installed
+
+.PHONY: bootstrap demo test lint typecheck docs unit mindeps newest node-deps bench clean
 
 bootstrap: $(STAMP)
 
@@ -56,7 +65,7 @@ unit: $(STAMP) $(NODE_DEPS)
 # Made anew when a pin changes: a pin removed must not leave its old version behind.
 $(MIN_STAMP): pyproject.toml .ci/min-versions.txt
 	rm -rf $(MIN_VENV)
-	$(PYTHON) -m venv $(MIN_VENV)
+	$(LOWEST_PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(MIN_VENV)/bin/python -m pip install --quiet -c .ci/min-versions.txt -e . \
 		pytest-xdist pytest-html aiosmtplib hypothesis
@@ -67,7 +76,25 @@ mindeps: $(MIN_STAMP)
 	$(MIN_VENV)/bin/python -m pytest -c .ci/pytest-min.ini --rootdir . -p no:cacheprovider \
 		-n 2 $(MIN_TESTS)
 
-test: lint typecheck docs unit mindeps
+# Every test again, on the newest Python and the newest release of every dependency (a
+# venv made anew when pyproject.toml changes; `make clean` for releases since).
+$(NEW_STAMP): pyproject.toml
+	rm -rf $(NEW_VENV)
+	$(NEWEST_PYTHON) -m venv $(NEW_VENV)
+	$(NEW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(NEW_VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+ifeq ($(NEWEST_PYTHON),)
+newest:
+	@echo "make newest: NOT RUN: no python3.12, python3.13 or python3.14 on this machine," \
+		"so the newest releases (Django 6.1 among them) are not tested here" >&2
+else
+newest: $(NEW_STAMP) $(NODE_DEPS)
+	$(NEW_VENV)/bin/python -m pytest -W error -n 2 -p no:cacheprovider
+endif
+
+test: lint typecheck docs unit mindeps newest
 
 # Benchmarks beside what we compare against (installed here): prints a table and writes
 # docs/performance.md. The full run takes a while; `make bench ARGS=--quick` under a minute.
@@ -76,4 +103,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) $(DEMO) $(NODE_DIR) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MIN_VENV) $(NEW_VENV) $(DEMO) $(NODE_DIR) .coverage .coverage.* .pytest_cache .mypy_cache .ruff_cache
