@@ -1,10 +1,10 @@
 """The code the docs show is the code the suite runs.
 
-The recipes and the first test of getting-started are shown in the docs and run from
-``docs/examples``. A change to either side alone would leave a reader copying code that no
-test runs any more: every Python block of those pages must be found, line by line and in
-order, in one file under ``docs/examples`` (a block may leave out lines, such as a
-docstring, but not change or reorder one).
+The recipes, and getting-started's first test and its script without pytest, are shown
+in the docs and run from ``docs/examples``. A change to either side alone would leave a
+reader copying code that no test runs any more: every Python block of those pages must be
+found, line by line and in order, in one file under ``docs/examples`` (a block may leave
+out lines, such as a docstring, but not change or reorder one).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: The pages whose every Python block is an excerpt of an example the suite runs.
 EXCERPTS = ("recipes.md",)
 #: Pages of which only some blocks are excerpts: (page, position of the block).
-SOME = (("getting-started.md", 0),)
+SOME = (("getting-started.md", 0), ("getting-started.md", 2))
 
 
 def blocks(page: str) -> list[str]:

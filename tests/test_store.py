@@ -1321,3 +1321,14 @@ def test_a_failed_tests_close_gives_back_only_its_own_claims(store: Store) -> No
     receipt = mailbox.close(success=False)
 
     assert "unclaimed" not in [e.status for e in receipt.events]  # never this run's claim
+
+
+def test_a_store_used_as_a_context_manager_closes_its_connections(tmp_path: Path) -> None:
+    """Python 3.13 warns (ResourceWarning) of a SQLite connection collected unclosed."""
+    with Store(tmp_path / "store.sqlite3") as store:
+        reserve_mailbox(store)
+        opened = list(store._connections)
+    assert opened
+    for conn in opened:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+            conn.execute("SELECT 1")

@@ -558,6 +558,12 @@ class Store:
         if checkpointer is not None:
             checkpointer.stop()
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def data_version(self) -> int:
         """Changes whenever another connection commits: cheap cross-process polling."""
         row = self._conn().execute("PRAGMA data_version").fetchone()
