@@ -1030,12 +1030,16 @@ def test_django_settings_follow_the_django_in_use(
         assert (django["EMAIL_HOST"], django["EMAIL_PORT"]) == ("127.0.0.1", 2525)
 
 
+@pytest.mark.parametrize(
+    ("installed", "expected"), [("6.1.3", (6, 1)), ("5.2", (5, 2)), ("6.1a1", (6, 1))]
+)
 def test_django_version_without_an_imported_django_is_the_installed_one(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, installed: str, expected: tuple[int, int]
 ) -> None:
     monkeypatch.delitem(sys.modules, "django", raising=False)
-    installed = importlib.metadata.version("django")  # the test extra installs it
-    assert endpoint.django_version() == tuple(int(n) for n in installed.split(".")[:2])
+    endpoint._installed_django.cache_clear()
+    monkeypatch.setattr(importlib.metadata, "version", {"django": installed}.__getitem__)
+    assert endpoint.django_version() == expected
     endpoint._installed_django.cache_clear()
     monkeypatch.setattr(importlib.metadata, "version", _not_installed)
     assert endpoint.django_version() == (0, 0)
