@@ -12,8 +12,8 @@ NODE_DEPS := $(if $(shell command -v node 2>/dev/null),$(NODE_STAMP))
 
 # Other Pythons, where this machine has them (on PATH or from pyenv): the lowest that
 # pyproject.toml allows (else $(PYTHON)), and the newest there is.
-LOWEST_PYTHON := $(or $(shell .ci/python-of 3.10),$(PYTHON))
-NEWEST_PYTHON := $(shell .ci/python-of 3.14 3.13 3.12)
+LOWEST_PYTHON := $(or $(shell bash .ci/python-of 3.10),$(PYTHON))
+NEWEST_PYTHON := $(shell bash .ci/python-of 3.14 3.13 3.12)
 
 # The lowest versions pyproject.toml allows (.ci/min-versions.txt), in a venv of their own.
 MIN_VENV := .venv-min

@@ -14,6 +14,7 @@ import sys
 import types
 import weakref
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
@@ -993,43 +994,94 @@ def test_a_failing_waits_traceback_shows_no_extracted_code(pytester: pytest.Pyte
         assert "QXKZTRWB" not in text
 
 
+class _DjangoSettings:
+    """What the endpoint reads of ``django.conf.settings``: ``configured``, ``MAILERS``
+    (only when the project has one) and ``is_overridden``."""
+
+    def __init__(self, explicit: dict[str, object], *, configured: bool = True) -> None:
+        self.configured = configured
+        self._explicit = explicit
+        if "MAILERS" in explicit:
+            self.MAILERS = explicit["MAILERS"]
+
+    def is_overridden(self, name: str) -> bool:
+        return name in self._explicit
+
+
+SMTP_TO_SINK = {
+    "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+    "OPTIONS": {
+        "host": "127.0.0.1",
+        "port": 2525,
+        "username": "",
+        "password": "",
+        "use_tls": False,
+        "use_ssl": False,
+    },
+}
+EMAIL_SETTINGS = ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]
+
+
 @pytest.mark.parametrize(
-    ("version", "expected"),
+    ("version", "project", "expected"),
     [
-        ((5, 2, 8, "final", 0), ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]),
-        ((6, 0, 0, "final", 0), ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]),
-        ((6, 1, 0, "alpha", 0), ["MAILERS"]),
-        ((7, 0, 0, "final", 0), ["MAILERS"]),
+        ((5, 2, 8, "final", 0), None, EMAIL_SETTINGS),
+        ((6, 0, 0, "final", 0), None, EMAIL_SETTINGS),
+        ((6, 1, 0, "alpha", 0), None, ["default"]),
+        ((7, 0, 0, "final", 0), None, ["default"]),
+        # A project's own settings, once configured:
+        (
+            (6, 1, 3, "final", 0),
+            _DjangoSettings({"EMAIL_HOST": "smtp.example.com"}),
+            EMAIL_SETTINGS,
+        ),
+        (
+            (6, 1, 3, "final", 0),
+            _DjangoSettings({"EMAIL_HOST": "x"}, configured=False),
+            ["default"],
+        ),
+        ((6, 1, 3, "final", 0), _DjangoSettings({"SECRET_KEY": "x"}), ["default"]),
+        (
+            (6, 1, 3, "final", 0),
+            _DjangoSettings({"MAILERS": {"bulk": {}, "default": {}, "transactional": {}}}),
+            ["default", "bulk", "transactional"],
+        ),
+        ((5, 2, 8, "final", 0), _DjangoSettings({"MAILERS": {"default": {}}}), EMAIL_SETTINGS),
     ],
 )
 def test_django_settings_follow_the_django_in_use(
-    monkeypatch: pytest.MonkeyPatch, version: tuple[object, ...], expected: list[str]
+    monkeypatch: pytest.MonkeyPatch,
+    version: tuple[object, ...],
+    project: _DjangoSettings | None,
+    expected: list[str],
 ) -> None:
-    """Django 6.1 deprecates the EMAIL_* settings for MAILERS, and refuses them beside one:
-    ``settings["django"]`` is whichever the imported Django reads. (The newest-versions run
-    sends through Django 6.1 itself: tests/test_clients.py and the Django recipe.)"""
+    """Django 6.1 deprecates the EMAIL_* settings for MAILERS, refuses them beside one, and
+    refuses a read of one once a MAILERS is set: ``settings["django"]`` is a MAILERS that
+    points every mailer of the project's at the sink, unless the Django is older or the
+    project still sets EMAIL_* settings and no MAILERS. (The newest-versions run sends
+    through Django 6.1 itself: tests/test_clients.py and tests/test_recipes.py.)"""
     monkeypatch.setitem(sys.modules, "django", types.SimpleNamespace(VERSION=version))
+    monkeypatch.setitem(sys.modules, "django.conf", types.SimpleNamespace(settings=project))
     django = SmtpEndpoint("127.0.0.1", 2525).settings["django"]
-    assert [key for key in expected if key in django] == expected
-    if expected == ["MAILERS"]:
-        assert list(django) == ["MAILERS"]
-        assert django["MAILERS"] == {
-            "default": {
-                "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
-                "OPTIONS": {
-                    "host": "127.0.0.1",
-                    "port": 2525,
-                    "username": "",
-                    "password": "",
-                    "use_tls": False,
-                    "use_ssl": False,
-                },
-            }
-        }
-    else:
+    if expected == EMAIL_SETTINGS:
+        assert [key for key in expected if key in django] == expected
+        assert "MAILERS" not in django
         assert (django["EMAIL_HOST"], django["EMAIL_PORT"]) == ("127.0.0.1", 2525)
+    else:
+        assert list(django) == ["MAILERS"]
+        assert django["MAILERS"] == dict.fromkeys(expected, SMTP_TO_SINK)
+        assert list(django["MAILERS"]) == expected
 
 
+@pytest.fixture
+def installed_django_lookup() -> Iterator[None]:
+    """The installed Django's version is looked up once per process: each test anew."""
+    endpoint._installed_django.cache_clear()
+    yield
+    endpoint._installed_django.cache_clear()
+
+
+@pytest.mark.usefixtures("installed_django_lookup")
 @pytest.mark.parametrize(
     ("installed", "expected"), [("6.1.3", (6, 1)), ("5.2", (5, 2)), ("6.1a1", (6, 1))]
 )
@@ -1037,14 +1089,12 @@ def test_django_version_without_an_imported_django_is_the_installed_one(
     monkeypatch: pytest.MonkeyPatch, installed: str, expected: tuple[int, int]
 ) -> None:
     monkeypatch.delitem(sys.modules, "django", raising=False)
-    endpoint._installed_django.cache_clear()
     monkeypatch.setattr(importlib.metadata, "version", {"django": installed}.__getitem__)
     assert endpoint.django_version() == expected
     endpoint._installed_django.cache_clear()
     monkeypatch.setattr(importlib.metadata, "version", _not_installed)
     assert endpoint.django_version() == (0, 0)
     assert "EMAIL_HOST" in SmtpEndpoint("127.0.0.1", 2525).settings["django"]
-    endpoint._installed_django.cache_clear()
 
 
 def _not_installed(name: str) -> str:

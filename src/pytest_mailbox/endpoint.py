@@ -174,9 +174,12 @@ class SmtpEndpoint:
     def settings(self) -> dict[str, dict[str, Any]]:
         """Ready-made mail settings: Django, Flask-Mail, and environment for a subprocess.
 
-        ``"django"`` fits the Django installed: from Django 6.1 a ``MAILERS`` whose
-        ``default`` mailer sends here (6.1 deprecates the ``EMAIL_*`` settings, and refuses
-        them beside a ``MAILERS``), before 6.1 the ``EMAIL_*`` settings.
+        ``"django"`` holds the settings the Django in use reads. Django 6.1 deprecates the
+        ``EMAIL_*`` settings for ``MAILERS``, and refuses them beside one: from 6.1 it is a
+        ``MAILERS`` whose every mailer (``default`` and any the project's ``MAILERS`` names)
+        sends here, unless the project still sets ``EMAIL_*`` settings and no ``MAILERS``
+        (its own code may read them, which Django refuses once a ``MAILERS`` is set); then,
+        as before 6.1, the ``EMAIL_*`` settings.
         """
         return {
             "django": self._django(),
@@ -196,28 +199,67 @@ class SmtpEndpoint:
         }
 
     def _django(self) -> dict[str, Any]:
-        if django_version() >= (6, 1):
-            options = {
-                "host": self.host,
-                "port": self.port,
-                "username": "",
-                "password": "",
-                "use_tls": False,
-                "use_ssl": False,
+        project = _django_settings()
+        mailers = getattr(project, "MAILERS", None)
+        # A project still on the EMAIL_* settings may read them, which 6.1 refuses once a
+        # MAILERS is set.
+        on_email = (
+            project is not None
+            and mailers is None
+            and any(map(project.is_overridden, _DJANGO_EMAIL))
+        )
+        if django_version() < (6, 1) or on_email:
+            return {
+                "EMAIL_BACKEND": _DJANGO_SMTP,
+                "EMAIL_HOST": self.host,
+                "EMAIL_PORT": self.port,
+                "EMAIL_HOST_USER": "",
+                "EMAIL_HOST_PASSWORD": "",
+                "EMAIL_USE_TLS": False,
+                "EMAIL_USE_SSL": False,
             }
-            return {"MAILERS": {"default": {"BACKEND": _DJANGO_SMTP, "OPTIONS": options}}}
         return {
-            "EMAIL_BACKEND": _DJANGO_SMTP,
-            "EMAIL_HOST": self.host,
-            "EMAIL_PORT": self.port,
-            "EMAIL_HOST_USER": "",
-            "EMAIL_HOST_PASSWORD": "",
-            "EMAIL_USE_TLS": False,
-            "EMAIL_USE_SSL": False,
+            "MAILERS": {
+                alias: {"BACKEND": _DJANGO_SMTP, "OPTIONS": self._django_options()}
+                for alias in dict.fromkeys(["default", *(mailers or ())])
+            }
+        }
+
+    def _django_options(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "username": "",
+            "password": "",
+            "use_tls": False,
+            "use_ssl": False,
         }
 
 
 _DJANGO_SMTP = "django.core.mail.backends.smtp.EmailBackend"
+
+
+#: The mail settings Django 6.1 deprecates for MAILERS.
+_DJANGO_EMAIL = (
+    "EMAIL_BACKEND",
+    "EMAIL_FILE_PATH",
+    "EMAIL_HOST",
+    "EMAIL_HOST_PASSWORD",
+    "EMAIL_HOST_USER",
+    "EMAIL_PORT",
+    "EMAIL_SSL_CERTFILE",
+    "EMAIL_SSL_KEYFILE",
+    "EMAIL_TIMEOUT",
+    "EMAIL_USE_SSL",
+    "EMAIL_USE_TLS",
+)
+
+
+def _django_settings() -> Any:
+    """The project's configured ``django.conf.settings``, or None (not imported, or not
+    configured yet: nothing to read)."""
+    settings = getattr(sys.modules.get("django.conf"), "settings", None)
+    return settings if settings is not None and settings.configured else None
 
 
 def django_version() -> tuple[int, int]:
