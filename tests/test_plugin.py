@@ -1044,8 +1044,12 @@ EMAIL_SETTINGS = ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]
         (
             (6, 1, 3, "final", 0),
             _DjangoSettings({"MAILERS": {"bulk": {}, "default": {}, "transactional": {}}}),
-            ["default", "bulk", "transactional"],
+            ["bulk", "default", "transactional"],
         ),
+        # No "default" added: send_mail() fails in the tests as in production.
+        ((6, 1, 3, "final", 0), _DjangoSettings({"MAILERS": {"bulk": {}}}), ["bulk"]),
+        # Django's test environment sets EMAIL_BACKEND itself in a project without MAILERS.
+        ((6, 1, 3, "final", 0), _DjangoSettings({"EMAIL_BACKEND": "x"}), ["default"]),
         ((5, 2, 8, "final", 0), _DjangoSettings({"MAILERS": {"default": {}}}), EMAIL_SETTINGS),
     ],
 )
@@ -1057,9 +1061,9 @@ def test_django_settings_follow_the_django_in_use(
 ) -> None:
     """Django 6.1 deprecates the EMAIL_* settings for MAILERS, refuses them beside one, and
     refuses a read of one once a MAILERS is set: ``settings["django"]`` is a MAILERS that
-    points every mailer of the project's at the sink, unless the Django is older or the
-    project still sets EMAIL_* settings and no MAILERS. (The newest-versions run sends
-    through Django 6.1 itself: tests/test_clients.py and tests/test_recipes.py.)"""
+    points every mailer of the project's (else ``default``) at the sink, unless the Django
+    is older or the project still sets EMAIL_* settings and no MAILERS. (The newest-versions
+    run sends through Django 6.1 itself: tests/test_clients.py and tests/test_recipes.py.)"""
     monkeypatch.setitem(sys.modules, "django", types.SimpleNamespace(VERSION=version))
     monkeypatch.setitem(sys.modules, "django.conf", types.SimpleNamespace(settings=project))
     django = SmtpEndpoint("127.0.0.1", 2525).settings["django"]

@@ -65,9 +65,11 @@ def test_the_core_without_pytest_runs_as_a_script(tmp_path: Path) -> None:
     assert (tmp_path / "mail.sqlite3").is_file()
 
 
-#: Two Django projects the recipe's fixture must serve on any Django: one still on the
-#: EMAIL_* settings, whose own code reads them (Django 6.1 refuses that beside a MAILERS),
-#: and one with two mailers in MAILERS (Django 6.1), whose view sends with the second.
+#: Django projects the recipe's fixture must serve on any Django: one still on the EMAIL_*
+#: settings, whose own code reads them (Django 6.1 refuses that beside a MAILERS); one with
+#: two mailers in MAILERS, whose view sends with the second; one whose MAILERS has no
+#: "default" (a plain send_mail fails, as in production); and one configured in its
+#: conftest, where Django's test environment sets EMAIL_BACKEND itself.
 PROJECT_SETTINGS = {
     "on_email_settings": """
         EMAIL_HOST = "smtp.example.com"
@@ -85,13 +87,34 @@ PROJECT_SETTINGS = {
                 for alias in ("default", "transactional")
             }
     """,
+    "without_a_default_mailer": """
+        import django
+
+        if django.VERSION >= (6, 1):
+            MAILERS = {
+                "transactional": {
+                    "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+                    "OPTIONS": {"host": "smtp.example.com"},
+                }
+            }
+    """,
+    "configured_in_conftest": "",
+}
+#: The mailers each project has under the fixture, from Django 6.1.
+MAILERS = {
+    "two_mailers": ["default", "transactional"],
+    "without_a_default_mailer": ["transactional"],
+    "configured_in_conftest": ["default"],
 }
 
 PROJECT_TEST = """
 import django
 import pytest
 from django.conf import settings
-from django.core.mail import EmailMessage
+from django.core.mail import EmailMessage, send_mail
+
+KIND = "{kind}"
+NEW = django.VERSION >= (6, 1)
 
 
 @pytest.fixture
@@ -103,39 +126,59 @@ def django_mail(settings, mailbox_server):  # the recipe's fixture, as recipes.m
 @pytest.mark.usefixtures("django_mail")
 def test_sends_over_smtp(isolated_mailbox):
     mail = EmailMessage("Verify", "Hello", "app@example.test", [isolated_mailbox.address])
-    if "{kind}" == "on_email_settings" or django.VERSION < (6, 1):
+    if not NEW or KIND == "on_email_settings":
         assert not hasattr(settings, "MAILERS")
-    else:  # every mailer of the project's sends to the sink
-        assert list(settings.MAILERS) == ["default", "transactional"]
-    if "{kind}" == "two_mailers" and django.VERSION >= (6, 1):
+    else:  # every mailer of the project's sends to the sink, and no other
+        assert list(settings.MAILERS) == {mailers}[KIND]
+    if NEW and "transactional" in {mailers}.get(KIND, ()):
         assert mail.send(using="transactional") == 1
     else:
         assert mail.send() == 1
-    if "{kind}" == "on_email_settings":
+    if NEW and KIND == "without_a_default_mailer":
+        from django.core.mail import MailerDoesNotExist
+
+        with pytest.raises(MailerDoesNotExist):  # as in production
+            send_mail("Other", "Hello", "app@example.test", [isolated_mailbox.address])
+    if KIND == "on_email_settings":
         assert settings.EMAIL_HOST == "127.0.0.1"  # the project's own code reads it
     isolated_mailbox.wait_for(subject="Verify", timeout=10).ack()
 """
 
 
 @pytest.mark.parametrize("kind", sorted(PROJECT_SETTINGS))
-def test_the_django_recipe_serves_projects_on_email_settings_and_on_several_mailers(
+def test_the_django_recipe_serves_each_kind_of_project(
     pytester: pytest.Pytester, kind: str
 ) -> None:
-    pytester.makepyfile(
-        project_settings='SECRET_KEY = "test"\n' + textwrap.dedent(PROJECT_SETTINGS[kind])
-    )
-    pytester.makepyfile(test_project=PROJECT_TEST.replace("{kind}", kind))
-    pytester.makeini(
-        """
-        [pytest]
-        DJANGO_SETTINGS_MODULE = project_settings
-        django_find_project = false
-        pythonpath = .
-        filterwarnings =
-            error
-            ignore:The EMAIL_\\w+ setting is deprecated
-            ignore:The configuration option "asyncio_default_fixture_loop_scope" is unset
-        """
-    )
+    """Under -W error: but for the project on the EMAIL_* settings, of which Django 6.1
+    warns as it reads them, no deprecated setting is used."""
+    if kind == "configured_in_conftest":
+        pytester.makeconftest(
+            """
+            from django.conf import settings
+
+
+            def pytest_configure():
+                settings.configure(SECRET_KEY="test")
+            """
+        )
+    else:
+        pytester.makepyfile(
+            project_settings='SECRET_KEY = "test"\n' + textwrap.dedent(PROJECT_SETTINGS[kind])
+        )
+    test = PROJECT_TEST.replace("{kind}", kind).replace("{mailers}", repr(MAILERS))
+    pytester.makepyfile(test_project=test)
+    ini = [
+        "[pytest]",
+        "django_find_project = false",
+        "pythonpath = .",
+        "filterwarnings =",
+        "    error",
+        '    ignore:The configuration option "asyncio_default_fixture_loop_scope" is unset',
+    ]
+    if kind != "configured_in_conftest":
+        ini.insert(1, "DJANGO_SETTINGS_MODULE = project_settings")
+    if kind == "on_email_settings":
+        ini.append("    ignore:The EMAIL_\\w+ setting is deprecated")
+    pytester.makeini("\n".join(ini))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -176,10 +176,12 @@ class SmtpEndpoint:
 
         ``"django"`` holds the settings the Django in use reads. Django 6.1 deprecates the
         ``EMAIL_*`` settings for ``MAILERS``, and refuses them beside one: from 6.1 it is a
-        ``MAILERS`` whose every mailer (``default`` and any the project's ``MAILERS`` names)
-        sends here, unless the project still sets ``EMAIL_*`` settings and no ``MAILERS``
-        (its own code may read them, which Django refuses once a ``MAILERS`` is set); then,
-        as before 6.1, the ``EMAIL_*`` settings.
+        ``MAILERS`` whose every mailer (those the project's ``MAILERS`` names, else
+        ``default``) sends here, unless the project still sets ``EMAIL_HOST`` or another
+        ``EMAIL_*`` setting and no ``MAILERS`` (its own code may read them, which Django
+        refuses once a ``MAILERS`` is set); then, as before 6.1, the ``EMAIL_*`` settings.
+        The project's settings are read once Django has loaded them, as pytest-django does
+        before any fixture.
         """
         return {
             "django": self._django(),
@@ -202,11 +204,11 @@ class SmtpEndpoint:
         project = _django_settings()
         mailers = getattr(project, "MAILERS", None)
         # A project still on the EMAIL_* settings may read them, which 6.1 refuses once a
-        # MAILERS is set.
+        # MAILERS is set. (Not EMAIL_BACKEND: Django's test environment sets that itself.)
         on_email = (
             project is not None
             and mailers is None
-            and any(map(project.is_overridden, _DJANGO_EMAIL))
+            and any(map(project.is_overridden, _DJANGO_EMAIL_SET_BY_PROJECTS))
         )
         if django_version() < (6, 1) or on_email:
             return {
@@ -221,7 +223,7 @@ class SmtpEndpoint:
         return {
             "MAILERS": {
                 alias: {"BACKEND": _DJANGO_SMTP, "OPTIONS": self._django_options()}
-                for alias in dict.fromkeys(["default", *(mailers or ())])
+                for alias in (mailers or ["default"])  # its mailers, no more
             }
         }
 
@@ -239,9 +241,9 @@ class SmtpEndpoint:
 _DJANGO_SMTP = "django.core.mail.backends.smtp.EmailBackend"
 
 
-#: The mail settings Django 6.1 deprecates for MAILERS.
-_DJANGO_EMAIL = (
-    "EMAIL_BACKEND",
+#: The mail settings Django 6.1 deprecates for MAILERS, but EMAIL_BACKEND, which Django's
+#: test environment sets (to its locmem backend) in a project without MAILERS.
+_DJANGO_EMAIL_SET_BY_PROJECTS = (
     "EMAIL_FILE_PATH",
     "EMAIL_HOST",
     "EMAIL_HOST_PASSWORD",
