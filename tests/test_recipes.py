@@ -117,12 +117,6 @@ KIND = "{kind}"
 NEW = django.VERSION >= (6, 1)
 
 
-@pytest.fixture
-def django_mail(settings, mailbox_server):  # the recipe's fixture, as recipes.md shows it
-    for key, value in mailbox_server.settings["django"].items():
-        setattr(settings, key, value)
-
-
 @pytest.mark.usefixtures("django_mail")
 def test_sends_over_smtp(isolated_mailbox):
     mail = EmailMessage("Verify", "Hello", "app@example.test", [isolated_mailbox.address])
@@ -151,17 +145,20 @@ def test_the_django_recipe_serves_each_kind_of_project(
 ) -> None:
     """Under -W error: but for the project on the EMAIL_* settings, of which Django 6.1
     warns as it reads them, no deprecated setting is used."""
+    # The recipe's own conftest.py, with its django_mail fixture.
+    conftest = (DJANGO_RECIPE / "conftest.py").read_text(encoding="utf-8")
     if kind == "configured_in_conftest":
-        pytester.makeconftest(
+        conftest += textwrap.dedent(
             """
-            from django.conf import settings
-
 
             def pytest_configure():
+                from django.conf import settings
+
                 settings.configure(SECRET_KEY="test")
             """
         )
-    else:
+    pytester.makeconftest(conftest)
+    if kind != "configured_in_conftest":
         pytester.makepyfile(
             project_settings='SECRET_KEY = "test"\n' + textwrap.dedent(PROJECT_SETTINGS[kind])
         )
