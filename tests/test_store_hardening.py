@@ -18,7 +18,6 @@ import sys
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -57,8 +56,7 @@ def kill_9(process: subprocess.Popen[str]) -> None:
 
 
 def integrity(path: Path) -> str:
-    with closing(sqlite3.connect(path)) as conn:
-        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    return str(rows(path, "PRAGMA integrity_check")[0][0])
 
 
 def deliver(store: Store, mailbox: MailboxRow, subject: str, body: bytes = b"hi") -> str:
@@ -130,9 +128,8 @@ def test_kill_9_inside_a_write_transaction_leaves_the_store_usable(
         *delivered,
         after,
     ]
-    with closing(sqlite3.connect(store.path)) as conn:
-        leftovers = conn.execute("SELECT COUNT(*) FROM bodies WHERE raw = ?", (b"never committed",))
-        assert leftovers.fetchone()[0] == 0
+    leftovers = rows(store.path, "SELECT COUNT(*) FROM bodies WHERE raw = ?", (b"never committed",))
+    assert leftovers == [(0,)]
 
 
 RUN_A_SINK = """
@@ -468,8 +465,7 @@ def test_a_commit_that_must_not_wait_leaves_the_log_to_a_writer_that_may(
     store.deliver_all([big])  # the sink's writer thread
     assert wal.stat().st_size == 0
     store.deliver_all([big], wait=False)
-    with closing(sqlite3.connect(store.path)) as conn:
-        (stored,) = conn.execute("SELECT count(*) FROM messages").fetchone()
+    [(stored,)] = rows(store.path, "SELECT count(*) FROM messages")
     assert stored == committed + 2  # the refused one was not stored
     store.close()
 
@@ -587,7 +583,6 @@ def test_a_commit_given_up_before_it_begins_stores_nothing(tmp_path: Path) -> No
     stopping.set()
     with pytest.raises(StoreBusy, match="given up: the sink stops"):
         store.deliver_all([big], give_up=stopping)
-    with closing(sqlite3.connect(store.path)) as conn:
-        (stored,) = conn.execute("SELECT count(*) FROM messages").fetchone()
+    [(stored,)] = rows(store.path, "SELECT count(*) FROM messages")
     assert stored == 0
     store.close()
