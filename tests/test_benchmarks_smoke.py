@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import subprocess
 import sys
 import types
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
+from storekit import rows
 
 ROOT = Path(__file__).resolve().parent.parent
 CELL_SEPARATOR = re.compile(r"(?<!\\)\|")
@@ -166,9 +165,9 @@ def test_the_floor_suite_makes_the_five_durable_writes_and_the_report_sets_it_be
     suites = benchmark_suites()
     path = suites.generate(tmp_path, "floor", 3)
     suites.run(path, "floor", 3)  # raises unless every test passed
-    with closing(sqlite3.connect(path / "basetemp" / "floor0" / "store.sqlite3")) as conn:
-        boxes = conn.execute("SELECT state, count(*) FROM boxes GROUP BY state").fetchall()
-        mails = conn.execute("SELECT state, count(*) FROM mails GROUP BY state").fetchall()
+    db = path / "basetemp" / "floor0" / "store.sqlite3"
+    boxes = rows(db, "SELECT state, count(*) FROM boxes GROUP BY state")
+    mails = rows(db, "SELECT state, count(*) FROM mails GROUP BY state")
     assert (boxes, mails) == ([("released", 3)], [("consumed", 3)])
 
     results = smoke_run(tmp_path, "suites")
