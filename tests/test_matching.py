@@ -1242,6 +1242,10 @@ def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
         one.link(domain="www.example.org")
     with pytest.raises(ExtractionError, match=r"^link\(domain=5\): give a host name"):
         one.link(domain=5)  # type: ignore[arg-type]
+    with pytest.raises(ContractError) as whole_link:  # the link itself given as its domain
+        one.link(domain="https://www.example.org/verify?token=Zk3Pq9Wm2Lx")
+    assert "Zk3Pq9Wm2Lx" not in str(whole_link.value)
+    assert str(whole_link.value).startswith("link domain 'https://www.example.org/…?token=…' is")
 
     two = "https://app.example.test/a https://cdn.example.test/b https://www.example.org/c\n"
     send(mailbox_server, mail(isolated_mailbox.address, "Two", text=two))

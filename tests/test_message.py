@@ -422,6 +422,9 @@ def test_a_domain_with_a_path_is_refused_rather_than_its_path_ignored(
 def test_link_with_empty_domain_is_an_extraction_error() -> None:
     with pytest.raises(ExtractionError, match="give a host name"):
         plain(VERIFY).link("  ")
+    with pytest.raises(ExtractionError) as hostless:  # a query pasted as the domain
+        plain(VERIFY).link("?token=Zk3Pq9Wm2LxR7vN4")
+    assert "Zk3Pq9Wm2LxR7vN4" not in str(hostless.value)
 
 
 @pytest.mark.parametrize(

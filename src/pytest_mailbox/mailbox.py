@@ -208,7 +208,7 @@ class ClaimedMessage(Message):
         # Not a string: Message.link says what a domain must be.
         if allowed and isinstance(domain, str) and normalize_domain(domain) not in allowed:
             msg = (
-                f"link domain {domain!r} is not allowed by email_contract "
+                f"link domain {mask_copied(domain)!r} is not allowed by email_contract "
                 f"link_domains={list(allowed)}; pass one of them as domain=, or none"
             )
             raise ContractError(msg)

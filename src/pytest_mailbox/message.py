@@ -1283,7 +1283,8 @@ class Message:
             url = given if "://" in given else f"http://{given}"
             wanted = _host(url)
             if not wanted:
-                msg = f"link(domain={domain!r}): give a host name such as 'app.example.test'"
+                shown = repr(mask_copied(domain)) if isinstance(domain, str) else repr(domain)
+                msg = f"link(domain={shown}): give a host name such as 'app.example.test'"
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             if _path(url).strip("/") or any(c in url for c in "?#"):  # it would be ignored
                 msg = (
