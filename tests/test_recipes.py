@@ -46,11 +46,24 @@ def test_django_recipe_passes_beside_pytest_django(pytester: pytest.Pytester, wo
         result.stdout.fnmatch_lines(["created: 2/2 workers"])
 
 
-def test_the_core_without_pytest_runs_as_a_script(tmp_path: Path) -> None:
+def copied_from_the_page() -> str:
+    """getting-started's "Without pytest" block, as a reader copies it off the page."""
+    page = (Path(__file__).parents[1] / "docs" / "getting-started.md").read_text("utf-8")
+    section = page.split("## Without pytest", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("copy", ["example", "page"])
+def test_the_core_without_pytest_runs_as_a_script(tmp_path: Path, copy: str) -> None:
     """getting-started's "Without pytest": a real sink and store, real SMTP, a receipt;
-    ``-W error``, so an unclosed store (Python 3.13 warns of it) or socket fails it."""
+    ``-W error``, so an unclosed store (Python 3.13 warns of it) or socket fails it. The
+    page's block runs too, as copied: an excerpt may leave out lines, such as imports."""
+    script = WITHOUT_PYTEST
+    if copy == "page":
+        script = tmp_path / "copied.py"
+        script.write_text(copied_from_the_page(), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-W", "error", WITHOUT_PYTEST],
+        [sys.executable, "-W", "error", script],
         cwd=tmp_path,
         capture_output=True,
         text=True,
