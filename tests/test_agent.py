@@ -1192,6 +1192,58 @@ def test_resends_are_budgeted_and_later_waits_see_only_the_new_mail(
     assert len(app.sent) == 2
 
 
+@pytest.mark.email_contract(purpose="signup", link_domains=[APP], max_reads=6)
+def test_a_claim_by_message_id_takes_only_what_a_wait_would_offer(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """An id the agent kept from before a resend, or the id of a mail that names another
+    run, is refused: neither the old link nor another run's comes back through a claim."""
+    tools = isolated_mailbox.agent_tools(resend=app.signup)
+    own = isolated_mailbox.mailbox_id
+    foreign = EmailMessage()
+    foreign["From"], foreign["To"] = f"noreply@{APP}", isolated_mailbox.address
+    foreign["Subject"], foreign["X-Run-Id"] = "Verify", "r-someoneelse"
+    foreign.set_content(f"Open https://{APP}/verify?token=ForeignTokenForeignToken\n")
+    with smtplib.SMTP(app.host, app.port) as smtp:
+        smtp.send_message(foreign)
+    app.signup(isolated_mailbox.address)
+    first = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+    assert first["status"] == "waiting"  # one candidate: the other run's mail is none
+    (foreign_id,) = [
+        row.message_id
+        for row in isolated_mailbox.store.messages(own)
+        if row.message_id != first["message_id"]
+    ]
+
+    def claim(message_id: str) -> dict[str, Any]:
+        selector = {"message_id": message_id}
+        return stable(tools.call("claim_message", {"fixture_id": own, "selector": selector}))
+
+    then = {"do": "call", "tool": "wait_for_message"}
+    assert claim(foreign_id) == {
+        "status": "policy_denied",
+        "reason": "that message's X-Run-Id names another run: it is not this run's mail",
+        "fixture_id": own,
+        "message_id": foreign_id,
+        "attempt": 1,
+        "next_action": then,
+    }
+    assert tools.call("request_resend", {"fixture_id": own})["status"] == "waiting"
+    assert claim(first["message_id"]) == {
+        "status": "policy_denied",
+        "reason": "that message arrived before this mailbox's last checkpoint (request_resend "
+        "sets one): only mail sent since counts; wait_for_message offers it",
+        "fixture_id": own,
+        "message_id": first["message_id"],
+        "attempt": 2,
+        "next_action": then,
+    }
+    assert all(row.holder is None for row in isolated_mailbox.store.messages(own))
+    new = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+    assert claim(new["message_id"])["status"] == "claimed"
+    assert tools.reveal(new["message_id"], domain=APP) == app.sent[1]["link"]
+
+
 def test_a_failing_sender_is_a_provider_error_not_an_exception(isolated_mailbox: Mailbox) -> None:
     def broken(address: str) -> None:
         raise ConnectionRefusedError(address)

@@ -46,7 +46,7 @@ from pydantic import (
 )
 from pydantic import model_validator as _model_validator
 
-from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Status
+from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Selector, Status
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import (
     AlreadyClaimed,
@@ -1042,6 +1042,7 @@ class AgentTools:
     def _claim(self, tool: _Tool, args: ClaimMessage) -> Answer:
         mailbox, chosen = self.mailbox, args.selector
         if chosen.message_id is not None:
+            self._offered(chosen.message_id)
             claimed = mailbox.claim(chosen.message_id, lease=args.lease)
         else:
             subject = (
@@ -1063,6 +1064,29 @@ class AgentTools:
             lease_ms=max(0, round(left * 1000)),
             **self._link(claimed),
         )
+
+    def _offered(self, message_id: str) -> None:
+        """Raise ``policy_denied`` for a message of this mailbox that ``wait_for_message``
+        would not offer: received before the last checkpoint (``request_resend`` sets one),
+        or naming another run in the contract's run header. An id kept from before a resend
+        must not bring the old link back. Another mailbox's id is ``claim``'s to refuse."""
+        mailbox = self.mailbox
+        row = mailbox.store.message(message_id)
+        if row is None or row.mailbox_id != mailbox.mailbox_id:
+            return
+        why = mailbox._origin_reason(row, Selector())
+        if why is None:
+            return
+        if why.startswith("received before"):
+            reason = (
+                "that message arrived before this mailbox's last checkpoint (request_resend "
+                "sets one): only mail sent since counts; wait_for_message offers it"
+            )
+        else:  # never the other run's id: opaque ids only
+            header = self.contract.run_header
+            reason = f"that message's {header} names another run: it is not this run's mail"
+        result = {"message_id": message_id, "why": reason}
+        raise MailboxClosed(message_id, status=Status.POLICY_DENIED, result=result)
 
     def _held(self, subject: dict[str, str]) -> None:
         """Raise ``AlreadyClaimed`` for the one live claim of this toolset that ``subject``
@@ -1114,6 +1138,9 @@ class AgentTools:
             taken = self._taken_since(args)
             if taken is not None:
                 return self._reply(status, _STOP, taken, **ids)
+        if status is Status.POLICY_DENIED and "why" in result:  # not on offer (_offered)
+            ids = _id(args)
+            return self._reply(status, _call("wait_for_message"), str(result["why"]), **ids)
         reason, then = _REFUSALS.get(status, (status.value, _STOP))
         if then is _FIX:  # its tool named: the budget decides whether it may be retried
             then = NextAction(do="fix_arguments", tool=tool.name)
