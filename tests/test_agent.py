@@ -264,16 +264,41 @@ def test_the_receipt_in_junit_carries_the_evidence(pytester: pytest.Pytester) ->
             fixture_id = reserved["fixture_id"]
             tools.call("list_inbox", {}, "t2")
             tools.call("release_mailbox", {"fixture_id": fixture_id, "reason": "released_error"})
+
+        def test_agent_says_it_worked(isolated_mailbox):
+            tools = isolated_mailbox.agent_tools()
+            fixture_id = isolated_mailbox.mailbox_id
+            arguments = {"fixture_id": fixture_id, "reason": "released_success"}
+            assert tools.call("release_mailbox", arguments)["status"] == "released"
+            assert False, "the flow did not work"
+
+        def test_released_by_its_code(isolated_mailbox):
+            isolated_mailbox.release()  # released_success, the default
+            assert False, "the flow did not work"
         """
     )
     result = pytester.runpytest("--junitxml=junit.xml")
-    result.assert_outcomes(passed=1)
-    (prop,) = [
-        p
-        for p in ET.parse(pytester.path / "junit.xml").getroot().iter("property")
-        if p.get("name") == "mailbox.receipt"
-    ]
-    receipt = Receipt.model_validate_json(prop.get("value", ""))
+    result.assert_outcomes(passed=1, failed=2)
+    receipts = {
+        case.get("name"): Receipt.model_validate_json(prop.get("value", ""))
+        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+        for prop in case.iter("property")
+        if prop.get("name") == "mailbox.receipt"
+    }
+    # A close reason says how the test went: a failed test is never a released_success,
+    # whoever released its mailbox early; the step says what happened.
+    for name in ("test_agent_says_it_worked", "test_released_by_its_code"):
+        failed = receipts[name]
+        assert (failed.state, failed.close_reason) == ("released", "released_error")
+        assert [(e.status, e.detail) for e in failed.events][-2:] == [
+            ("released", "released_success"),
+            (
+                "released",
+                "released_error: the test did not pass (it was released as released_success "
+                "before its end)",
+            ),
+        ]
+    receipt = receipts["test_agent"]
     assert receipt.evidence is not None
     assert [(e.tool, e.steps[-1], e.status) for e in receipt.evidence] == [
         ("reserve_mailbox", "executed", "reserved"),

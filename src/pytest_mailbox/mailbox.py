@@ -936,6 +936,8 @@ class Mailbox:
             # Not self.release(): the mailbox may have expired since the check above, and
             # teardown must still leave the receipt (the store's refusal changes nothing).
             self.store.release(self.mailbox_id, self.fence, CloseReason.RELEASED_ERROR)
+        elif row is not None and row.close_reason == CloseReason.RELEASED_SUCCESS.value:
+            self.store.unpassed(self.mailbox_id, self.fence)  # released early, as a success
         return self.receipt()
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:

@@ -688,6 +688,30 @@ class Store:
         self._released(tx, mailbox_id, reason, now)
         return Outcome(Status.RELEASED, detail=reason.value)
 
+    def unpassed(self, mailbox_id: str, fence: int) -> bool:
+        """Make a ``released_success`` close reason ``released_error``, with a step saying
+        why: the mailbox was released as a success (by the test's code or an agent) before
+        a test that did not pass ended. A close reason says how the test went, and a
+        receipt must not call a failed test a success. Whether anything changed."""
+        with self._write() as tx:
+            changed = tx.run(
+                "UPDATE mailboxes SET close_reason = ? WHERE mailbox_id = ? AND fence = ? "
+                "AND state = 'released' AND close_reason = ?",
+                (
+                    CloseReason.RELEASED_ERROR.value,
+                    mailbox_id,
+                    fence,
+                    CloseReason.RELEASED_SUCCESS.value,
+                ),
+            ).rowcount
+            if changed:
+                detail = (
+                    f"{CloseReason.RELEASED_ERROR.value}: the test did not pass (it was "
+                    f"released as {CloseReason.RELEASED_SUCCESS.value} before its end)"
+                )
+                tx.event(mailbox_id, self.clock(), Status.RELEASED, detail)
+        return bool(changed)
+
     def _released(self, tx: _Tx, mailbox_id: str, reason: CloseReason, now: float) -> None:
         """Close an open mailbox as released for ``reason``: its claims end, and its step."""
         self._end_claims(tx, mailbox_id, "released", now)
