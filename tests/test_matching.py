@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import smtplib
@@ -820,6 +821,27 @@ def test_wait_for_claims_and_ack_consumes(
         f"  - {msg.message_id} 'Welcome': already consumed (fence {msg.fence})"
         in str(caught.value).splitlines()
     )
+
+
+@pytest.mark.email_contract(ttl=30)
+@pytest.mark.parametrize("waits", ["blocking", "awaiting"])
+def test_a_wait_takes_its_message_once_the_lease_that_held_it_ends(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, waits: str
+) -> None:
+    """Nothing is committed when a lease ends (a holder that crashed or gave up): the
+    waiter looks again then. Before, it slept until its deadline, here past the mailbox's
+    ttl, so the mailbox expired under it."""
+    send(mailbox_server, mail(isolated_mailbox.address))
+    held = isolated_mailbox.wait_for(subject="Welcome", timeout=10, lease=0.3)  # never acked
+
+    if waits == "blocking":
+        again = isolated_mailbox.wait_for(subject="Welcome", timeout=60)
+    else:
+        again = asyncio.run(isolated_mailbox.wait_for_async(subject="Welcome", timeout=60))
+
+    assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
+    again.ack()
+    assert isolated_mailbox.state == "consumed"
 
 
 @pytest.mark.email_contract(run_header="X-Test-Run")

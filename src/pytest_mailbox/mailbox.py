@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from difflib import SequenceMatcher
 from types import ModuleType
@@ -161,9 +161,16 @@ class _Pause:
     generation: int
     version: int
     until: float  # time.monotonic()
+    #: When to look again before ``until`` though nothing changed (time.monotonic()): a
+    #: lease that ends makes its message a candidate again, and no commit says so.
+    wake: float = field(default=math.inf, kw_only=True)
 
     def remaining(self) -> float:
         return self.until - time.monotonic()
+
+    def awake_in(self) -> float:
+        """How long the runner may sleep before the steps look again."""
+        return min(self.remaining(), self.wake - time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -416,12 +423,12 @@ class Mailbox:
                 pause = self._pause_point(deadline)
                 if stop is not None:
                     pause = _StoppablePause(pause.generation, pause.version, pause.until, stop)
-                matches, _ = self._scan(selector)
+                matches, misses = self._scan(selector)
                 parsed = [(row, self._parsed_message(row)) for row in matches]
                 kept = [(row, message) for row, message in parsed if keep(message)]
                 if kept or pause.remaining() <= 0:
                     return kept
-                yield pause
+                yield replace(pause, wake=self._lapse(misses))
 
         return self._run(steps())
 
@@ -473,7 +480,7 @@ class Mailbox:
                 continue
             if pause.remaining() <= 0:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
-            yield pause
+            yield replace(pause, wake=self._lapse(misses))
 
     def _none_steps(self, chosen: Selector, within: float) -> Generator[_Pause, None, None]:
         __tracebackhide__ = True
@@ -495,6 +502,14 @@ class Mailbox:
                 return
             yield pause
 
+    def _lapse(self, misses: list[tuple[MessageRow, str]]) -> float:
+        """When the first live lease among ``misses`` ends (time.monotonic()), or never: a
+        wait looks again then, since an expired claim may be claimed again (a holder that
+        crashed or gave up) and nothing is committed when a lease ends."""
+        now = self.store.clock()
+        ends = [row.lease_until for row, _ in misses if row.leased(now) and row.lease_until]
+        return time.monotonic() + min(ends) - now if ends else math.inf
+
     def _pause_point(self, deadline: float) -> _Pause:
         """What the store looks like now, taken before a scan so no commit slips between."""
         # Wake at the mailbox's expiry too, so the next scan reports it at once.
@@ -515,7 +530,7 @@ class Mailbox:
             pause = next(steps)
             while True:
                 for interval in polls:
-                    if (left := pause.remaining()) <= 0:
+                    if (left := pause.awake_in()) <= 0:
                         break
                     self._signal.wait(pause.generation, min(interval, left))
                     if self._changed(pause):
@@ -538,7 +553,7 @@ class Mailbox:
             pause = next(steps)
             while True:
                 for interval in polls:
-                    if (left := pause.remaining()) <= 0:
+                    if (left := pause.awake_in()) <= 0:
                         break
                     await async_sleep(min(interval, left))
                     if self._changed(pause):
