@@ -465,6 +465,21 @@ def test_code_default_pattern_finds_four_to_eight_digits() -> None:
     assert seen == [("code", "482913", None)]
 
 
+def test_the_default_code_is_not_a_digit_run_of_a_link_or_a_token() -> None:
+    """A link's random token holds four to eight digits now and then: the default pattern
+    looked there too, so code() failed at random ("2 distinct codes") in a mail with a
+    code and a link (344 times in 400 with a hex token)."""
+    body = (
+        "Your reset code is 583927.\n"
+        "Or open https://app.example.test/reset/58203917?token=9f3a1234b5c6d7e8\n"
+        "Reference a8f31234c.\n"
+    )
+    assert plain(body, subject="Reset 4417a").code() == "583927"
+    assert plain("認証コードは482913です", subject="コード").code() == "482913"  # CJK around it
+    # A pattern of the test's own still looks inside links.
+    assert plain(body).code(pattern=r"reset/(\d+)") == "58203917"
+
+
 def test_code_found_in_subject_and_body_counts_once() -> None:
     message = plain("Use 482913 to sign in.", subject="482913 is your code")
 

@@ -35,7 +35,10 @@ from pytest_mailbox.vocabulary import digest
 __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "redact_url"]
 
 #: Four to eight digits not touching other digits: what ``code()`` looks for by default.
-DEFAULT_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
+#: Four to eight digits standing alone: not part of a longer number, nor of a word of
+#: ASCII letters and digits (a token's ``a1b23456c``). Links are taken out of the text
+#: before it is searched (``Message.code``): a link's token holds digit runs at random.
+DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])\d{4,8}(?![\dA-Za-z_])"
 
 #: A header value longer than this is not decoded: the standard library's parser takes
 #: time that grows with the square of a value made of encoded words (0.4 MiB of them held
@@ -1361,7 +1364,10 @@ class Message:
             raise ExtractionError(msg, result={"message_id": self.message_id})
         groups = re.compile(source).groups
         values: dict[str, None] = {}
-        for haystack in (self.body_text, self.subject):
+        for text in (self.body_text, self.subject):
+            # The default looks outside links only; a pattern of the test's own may aim
+            # inside one (pattern=r"code=(\d+)").
+            haystack = text if pattern is not None else _URL_IN_TEXT.sub(" ", text)
             try:
                 found = regex_finditer(source, haystack)
             except SlowSearch:
