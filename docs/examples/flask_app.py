@@ -18,6 +18,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         SECRET_KEY="dev-only",
         SITE_URL="https://app.example.test",
         MAIL_SERVER="smtp.example.com",
+        MAIL_USERNAME="apikey",  # production's relay wants a login
+        MAIL_PASSWORD="not-a-real-password",
         MAIL_DEFAULT_SENDER="Example <noreply@app.example.test>",
     )
     app.config.update(config or {})

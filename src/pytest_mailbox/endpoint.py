@@ -192,6 +192,9 @@ class SmtpEndpoint:
                 "MAIL_SUPPRESS_SEND": False,
                 "MAIL_USE_TLS": False,
                 "MAIL_USE_SSL": False,
+                # No login: the sink offers no AUTH, and Flask-Mail logs in when both are set.
+                "MAIL_USERNAME": None,
+                "MAIL_PASSWORD": None,
             },
             "env": {
                 "SMTP_HOST": self.host,
