@@ -971,6 +971,70 @@ def test_a_forked_child_lets_go_of_the_lock_and_the_parent_keeps_it(
     assert receipts.read_text() == ""
 
 
+def test_a_refusals_traceback_ends_at_the_tests_own_line(pytester: pytest.Pytester) -> None:
+    """contract.md: "its traceback ends at the test's own line", for every misuse the
+    mailbox refuses, not only the waits: no frame of the plugin is shown."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture
+        def claimed(isolated_mailbox, send):
+            send(isolated_mailbox.address, "Hi")
+            return isolated_mailbox.wait_for()
+
+        def test_renew(claimed):
+            claimed.renew(lease=-5)
+
+        def test_ack_twice(claimed):
+            claimed.ack()
+            claimed.ack()
+
+        def test_expect_none(isolated_mailbox):
+            isolated_mailbox.expect_none(within=-1)
+
+        def test_wait_for_lease(isolated_mailbox):
+            isolated_mailbox.wait_for(lease=0)
+
+        def test_claim(isolated_mailbox):
+            isolated_mailbox.claim("m-000000000000")
+
+        def test_inject_fault_closed(isolated_mailbox):
+            isolated_mailbox.release()
+            isolated_mailbox.inject_fault(stage="RCPT")
+
+        def test_checkpoint_closed(isolated_mailbox):
+            isolated_mailbox.release()
+            isolated_mailbox.checkpoint()
+
+        def test_release_twice(isolated_mailbox):
+            isolated_mailbox.release()
+            isolated_mailbox.release()
+
+        def test_link(claimed):
+            claimed.link(domain="https://app.example.test/verify")
+
+        def test_code(claimed):
+            claimed.code(pattern="(")
+
+        def test_selector(isolated_mailbox):
+            isolated_mailbox.wait_for(subjet="Hi")
+
+        def test_agent_tools(isolated_mailbox):
+            isolated_mailbox.agent_tools(resend=5)
+
+        def test_reveal(isolated_mailbox):
+            isolated_mailbox.agent_tools().reveal("m-000000000000")
+        """
+    )
+    result = pytester.runpytest("--tb=short", "-p", "no:randomly")
+
+    result.assert_outcomes(failed=13)
+    shown = re.findall(r"^\S*pytest_mailbox[/\\]\w+\.py:\d+.*$", result.stdout.str(), re.M)
+    assert shown == []
+
+
 def test_a_failing_waits_traceback_shows_no_extracted_code(pytester: pytest.Pytester) -> None:
     # pytest prints the arguments of each frame it shows: the selector must not be one.
     pytester.makeconftest(SENDER_CONFTEST)

@@ -598,6 +598,7 @@ class AgentTools:
         ttl_max: int | None = None,
         resend: Callable[[str], object] | None = None,
     ) -> None:
+        __tracebackhide__ = True
         if resend is not None and not callable(resend):
             msg = f"agent_tools: resend={shown(resend)} is invalid; allowed: a callable or None"
             raise ContractError(msg)

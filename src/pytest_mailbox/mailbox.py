@@ -109,6 +109,7 @@ def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None
     """Refuse a duration given to one call that is not a finite number of seconds above
     zero (or at least zero): a lease of 0 would hand back a claim already lapsed, and a
     NaN timeout would never end."""
+    __tracebackhide__ = True
     if value is None:
         return
     ok = False
@@ -367,7 +368,10 @@ class Mailbox:
     # -- waiting -----------------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint:
-        """Mark now: later waits only consider messages committed after this point."""
+        """Mark now: later waits only consider messages committed after this point.
+        Refused (``MailboxClosed``) once the mailbox is closed, as every operation is."""
+        __tracebackhide__ = True
+        self._ensure_open()
         self._since = self.store.checkpoint()
         return self._since
 
@@ -564,6 +568,7 @@ class Mailbox:
             return result
 
     def _selector(self, given: dict[str, Any]) -> Selector:
+        __tracebackhide__ = True
         try:
             return Selector(**given)
         except ValidationError as exc:
@@ -907,6 +912,7 @@ class Mailbox:
         either way nothing is stored, so a test can prove how the app retries or gives up.
         Every sink of the run honours it (faults live in the shared store).
         """
+        __tracebackhide__ = True
         if stage not in ("RCPT", "DATA"):
             msg = f"inject_fault: stage={stage!r} is invalid; allowed: 'RCPT' or 'DATA'"
             raise ContractError(msg)
@@ -1034,6 +1040,7 @@ class Mailbox:
         offered as ``request_resend``. A bad value raises ``ContractError`` here. See
         docs/agents.md.
         """
+        __tracebackhide__ = True
         from pytest_mailbox.agent import AgentTools  # noqa: PLC0415 - agent imports this module
 
         self._agent = AgentTools(self, ttl_max=ttl_max, resend=resend)
