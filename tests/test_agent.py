@@ -652,6 +652,11 @@ def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
         ("ack_message", "[" * 100_000, "the arguments of ack_message must be a JSON object"),
         ("release_mailbox", "[]", "the arguments of release_mailbox must be a JSON object"),
         (
+            "wait_for_message",
+            '{"fixture_id": "FID", "kind": "code", "timeout": 1' + "0" * 5000 + "}",
+            "the arguments of wait_for_message hold a number too long to read (over 4,300 digits)",
+        ),
+        (
             "release_mailbox",
             {"fixture_id": "FID"},
             "invalid arguments for release_mailbox: reason: Field required",
@@ -680,13 +685,27 @@ def test_unknown_tools_and_bad_arguments_are_rejected(
     assert trail(isolated_mailbox) == [(tool, ["proposed", "rejected"], "rejected")]
 
 
-@pytest.mark.parametrize("name", [["claim_message"], {"a": 1}, None, 5], ids=repr)
+@pytest.mark.parametrize(
+    "name",
+    [["claim_message"], {"a": 1}, None, 5, 10**5000],
+    ids=["list", "dict", "None", "int", "int-of-5001-digits"],
+)
 def test_a_tool_name_that_is_not_text_is_rejected_not_a_provider_error(
     isolated_mailbox: Mailbox, name: Any
 ) -> None:
     answer = isolated_mailbox.agent_tools().call(name, {})
     assert (answer["status"], answer["next_action"]) == ("rejected", {"do": "fix_arguments"})
     assert trail(isolated_mailbox)[0][1] == ["proposed", "rejected"]
+
+
+def test_a_tool_call_id_that_cannot_be_written_out_is_kept_as_its_type(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """call() never raises: an int past Python's 4,300-digit limit has no str()."""
+    answer = isolated_mailbox.agent_tools().call("reserve_mailbox", {}, 10**5000)  # type: ignore[arg-type]
+    assert answer["status"] == "rejected"
+    (entry,) = isolated_mailbox.receipt().evidence or []
+    assert entry.tool_call_id == "<int>"
 
 
 @pytest.mark.email_contract(max_reads=1)

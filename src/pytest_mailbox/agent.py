@@ -526,16 +526,25 @@ class _Call:
         return replace(self, steps=[*self.steps, step])
 
 
+def _str(value: object) -> str:
+    """``str(value)``, or its type's name where that raises (an int of more than 4,300
+    digits, an object whose ``__str__`` fails): agent-chosen values may be anything."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - any failure: the value is not shown
+        return f"<{type(value).__name__}>"
+
+
 def _shown(text: object) -> str:
     """Agent-chosen names as evidence keeps them: printable, at most 64 characters."""
-    return "".join(c if c.isprintable() else "?" for c in str(text)[:_SHOWN])
+    return "".join(c if c.isprintable() else "?" for c in _str(text)[:_SHOWN])
 
 
 def _name(text: object) -> str:
     """An agent-chosen name (a tool, a field) as answers and evidence quote it: masked as
     free text in arguments is (``mask_copied``: links, token-like words, digit runs, what
     this process extracted), then printable and at most 64 characters."""
-    return _shown(mask_copied(str(text)[:_MASKED_WHOLE]))
+    return _shown(mask_copied(_str(text)[:_MASKED_WHOLE]))
 
 
 def _unextracted(text: str) -> str:
@@ -563,11 +572,14 @@ def _call_id(text: object) -> str:
     call's id. Token-like words and digit runs stay: provider ids (``call_…``, ``toolu_01…``)
     are random by design, and masking them would cut the entry off from the transcript.
     """
-    return _shown(_unextracted(_URL_IN_TEXT.sub(_redacted_link, str(text)[:_MASKED_WHOLE])))
+    return _shown(_unextracted(_URL_IN_TEXT.sub(_redacted_link, _str(text)[:_MASKED_WHOLE])))
 
 
 def _problems(tool: str, exc: Exception) -> str:
     """Why the arguments were rejected, without echoing any value the agent sent."""
+    too_long = "integer string conversion" in str(exc)  # Python's int limit, in json.loads
+    if not isinstance(exc, ValidationError) and too_long:
+        return f"the arguments of {tool} hold a number too long to read (over 4,300 digits)"
     if not isinstance(exc, ValidationError):
         return f"the arguments of {tool} must be a JSON object"
     problems = []
