@@ -1236,6 +1236,38 @@ def test_resends_are_budgeted_and_later_waits_see_only_the_new_mail(
     assert len(app.sent) == 2
 
 
+@pytest.mark.email_contract(max_reads=10)
+def test_a_wait_for_message_reads_each_message_once_and_stops_at_its_timeout(
+    isolated_mailbox: Mailbox, app: SignupApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looking for a code reads a whole body, up to a second for a large one: each call
+    read every message again, so a few hostile mails made a timeout=0 call take seconds.
+    Now a message is read once per toolset, and a call past its timeout reads no more
+    than one new message; the next call goes on where it stopped."""
+    read: list[str] = []
+    code = message_module.Message.code
+
+    def counted(self: message_module.Message, pattern: str | None = None) -> str:
+        read.append(self.message_id)
+        return code(self, pattern)
+
+    monkeypatch.setattr(message_module.Message, "code", counted)
+    for _ in range(3):
+        app.welcome(isolated_mailbox.address)  # no code in any of them
+    tools = isolated_mailbox.agent_tools()
+    arguments = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 0}
+    answers = [tools.call("wait_for_message", arguments)["reason"] for _ in range(4)]
+
+    assert len(read) == len(set(read)) == 3  # one each, over the first three calls
+    left = "message(s) not looked into before the timeout (large ones take long to read)"
+    assert answers == [
+        f"no message with a code yet; 2 {left}, which the next call goes on with",
+        f"no message with a code yet; 1 {left}, which the next call goes on with",
+        "no message with a code yet",
+        "no message with a code yet",
+    ]
+
+
 @pytest.mark.email_contract(purpose="signup", link_domains=[APP], max_reads=6)
 def test_a_claim_by_message_id_takes_only_what_a_wait_would_offer(
     isolated_mailbox: Mailbox, app: SignupApp

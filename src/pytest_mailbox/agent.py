@@ -531,7 +531,7 @@ def _str(value: object) -> str:
     digits, an object whose ``__str__`` fails): agent-chosen values may be anything."""
     try:
         return str(value)
-    except Exception:  # noqa: BLE001 - any failure: the value is not shown
+    except Exception:  # any failure: the value is not shown
         return f"<{type(value).__name__}>"
 
 
@@ -632,6 +632,9 @@ class AgentTools:
         #: Every toolset and the test share the run's holder id, so the store cannot tell
         #: them apart; a fence issued to another of them is never handed out or acked here.
         self._issued: dict[str, set[int]] = {}
+        #: Whether a message carries a link or a code, by (message_id, kind): a body never
+        #: changes, and a large one takes up to SEARCH_LIMIT to read for codes each time.
+        self._carrying: dict[tuple[str, str], bool] = {}
         self._journal = _Journal(journal_path(mailbox.store.path))
         self._journal.bind(mailbox.mailbox_id, self.contract, self.ttl_max)
 
@@ -1000,8 +1003,23 @@ class AgentTools:
         """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""
         if args.timeout and _loop_running():
             log.warning(_BLOCKING_WAIT)
+        deadline = time.monotonic() + args.timeout
+        read: list[str] = []  # looked into by this call
+        unread: set[str] = set()  # not looked into by the deadline: the next call goes on
+
+        def carries(message: Message) -> bool:
+            key = (message.message_id, args.kind)
+            known = self._carrying.get(key)
+            if known is None:
+                if read and time.monotonic() > deadline:  # one at least: each call gets on
+                    unread.add(message.message_id)
+                    return False
+                read.append(message.message_id)
+                known = self._carrying[key] = self._carries(message, args.kind)
+            return known
+
         offered = self.mailbox.look_for(
-            lambda message: self._carries(message, args.kind),
+            carries,
             timeout=args.timeout,
             stop=self._closing,  # close(): ends at the next poll, scanning only on news
         )
@@ -1010,6 +1028,11 @@ class AgentTools:
             return self._reply(Status.WAITING, _STOP, cut)
         if not offered:
             waiting = f"no message with a {args.kind} yet"
+            if unread:
+                waiting += (
+                    f"; {len(unread)} message(s) not looked into before the timeout (large "
+                    "ones take long to read), which the next call goes on with"
+                )
             return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
         if len(offered) > 1:
             ids = [row.message_id for row, _ in offered]
