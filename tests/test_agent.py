@@ -380,6 +380,11 @@ def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
             # a lower-case code fits a purpose's shape
             word = tools.reveal(message_id, kind="code", pattern=r"then (\\w+)")
             tools.call("reserve_mailbox", {{"purpose": word, "ttl": 60}})
+            # the code as it was shown: grouped, by any space, or in full-width digits
+            tools.call("415\u200b926", {{}}, tool_call_id="415 926")
+            tools.call("reserve_mailbox", {{}}, tool_call_id="\uff14\uff11\uff15\uff19\uff12\uff16")
+            grouped = {{"subject_contains": "415\u202f926"}}
+            tools.call("claim_message", {{"fixture_id": own, "selector": grouped}})
             # masked in the receipt itself, not only where the report's masker reaches
             kept = dump_receipt(isolated_mailbox.receipt())
             assert "{token}" not in kept
@@ -399,8 +404,12 @@ def test_evidence_masks_a_link_or_code_the_agent_echoes_as_tool_or_tool_call_id(
         assert redacted in text
     (receipt,) = [Receipt.model_validate_json(line) for line in receipts.splitlines()]
     assert receipt.evidence is not None
-    echoed, claimed_again, reserved = receipt.evidence[-3:]
+    echoed, claimed_again, reserved = receipt.evidence[-6:-3]
     assert reserved.arguments["purpose"] == "••••••••••t9"
+    spaced, full_width, grouped = receipt.evidence[-3:]
+    assert (spaced.tool, spaced.tool_call_id) == ("•••?•26", "•••••••")
+    assert full_width.tool_call_id == "••••••"
+    assert grouped.arguments["selector"]["subject_contains"] == "•••\u202f•26"
     assert (echoed.tool, echoed.tool_call_id, echoed.status) == (redacted, "••••26", "rejected")
     assert echoed.reason == f"there is no tool {redacted!r}; the tools are {TOOLS}"
     assert (claimed_again.tool, claimed_again.tool_call_id) == ("claim_message", redacted)

@@ -1049,6 +1049,11 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ("Code 5 1 8 2 7 9, or 713-604", "Code • • • • 7 9, or •••-•04"),
         ("code:483 920, コード483-920です", "code:••• •20, コード•••-•20です"),
         ("483\u00a0920 or 48\u201339\u201320", "•••\u00a0•20 or ••\u2013••\u201320"),
+        # any space (French number formatting's narrow no-break one), zero-width, a dot
+        (
+            "483\u202f920, 483\u2009920, 483\u200b920, 483.920",
+            "•••\u202f•20, •••\u2009•20, •••\u200b•20, •••.•20",
+        ),
         ("Your code is 483 920 175, or 123-456-789", "Your code is ••• ••• •75, or •••-•••-•89"),
         # the leading groups of one length, whatever number or date follows them
         ("Code 483 920 2026-12-03, 483 920 10 min", "Code ••• •20 2026-12-03, ••• •20 10 min"),

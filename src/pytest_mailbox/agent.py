@@ -23,11 +23,13 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 import secrets
 import sqlite3
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -84,6 +86,7 @@ _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
 _SHOWN = 64  # agent-chosen names and ids are kept to this many characters in evidence
 _MASKED_WHOLE = 4096  # agent-chosen text is masked whole up to this length, then shortened
 _MIN_TEST_EXTRACTED = 4  # shorter values the test extracted are not masked inside ids
+_MIN_BARE = 6  # ...nor looked for across separators (a reason's time holds 4 digits)
 _CLOSED = (Status.RELEASED, Status.EXPIRED)
 _CLOSED_STATES = frozenset(status.value for status in _CLOSED)
 #: The status of an evidence entry whose call had not returned: still running, or its process
@@ -549,9 +552,24 @@ def _name(text: object) -> str:
 
 def _unextracted(text: str) -> str:
     """``text`` with every link and code the test extracted masked (``reveal``, ``link()``,
-    ``code()``), wherever it shows."""
-    extracted = (v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED)
-    return mask_extracted(text, also=extracted)
+    ``code()``), wherever it shows; masked whole where one shows only once its letters and
+    digits are read alone (``483 920``, ``４８３９２０``, ``483\u200b920``: an agent may copy a
+    code as it was shown to it)."""
+    extracted = [v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED]
+    masked = mask_extracted(text, also=extracted)
+    if extracted and _DIGIT_OR_CAPITAL.search(masked):
+        bare = _bare(masked)
+        if any(len(b) >= _MIN_BARE and b in bare for b in map(_bare, extracted)):
+            return "\u2022" * len(masked)
+    return masked
+
+
+_DIGIT_OR_CAPITAL = re.compile(r"[^\W_a-z]")  # a code has a digit or a capital
+
+
+def _bare(text: str) -> str:
+    """The letters and digits of ``text`` alone, compatibility forms folded (NFKC)."""
+    return "".join(c for c in unicodedata.normalize("NFKC", text) if c.isalnum())
 
 
 _ID_FIELDS = frozenset({"fixture_id", "message_id"})
