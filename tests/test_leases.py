@@ -446,6 +446,21 @@ def test_renew_never_outlives_the_mailbox(store: Store) -> None:
     assert renewed.lease_until == mailbox.expires_at
 
 
+@pytest.mark.parametrize("lease", [0.05, -100])
+def test_renew_never_shortens_a_lease(store: Store, clock: Clock, lease: float) -> None:
+    """contract.md: a renewal gives a later lease_until; a short one is no renewal."""
+    mailbox = reserve(store)
+    message_id = deliver(store, mailbox)
+    claimed = claim(store, mailbox, message_id, lease=60)
+    clock.advance(1)
+
+    renewed = store.renew(message_id, claimed.fence or 0, lease)
+
+    assert (renewed.status, renewed.lease_until) == (Status.CLAIMED, claimed.lease_until)
+    clock.advance(30)  # past what the short renewal would have left
+    assert store.ack(message_id, claimed.fence or 0).status is Status.CONSUMED
+
+
 def test_renew_after_expiry_is_lease_expired(store: Store, clock: Clock, db: Path) -> None:
     mailbox = reserve(store)
     message_id = deliver(store, mailbox)

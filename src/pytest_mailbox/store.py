@@ -1046,7 +1046,9 @@ class Store:
     def renew(
         self, message_id: str, fence: int, lease: float, *, mailbox: Handle | None = None
     ) -> Outcome:
-        """Extend a live lease under the same fence."""
+        """Extend a live lease under the same fence: to ``lease`` seconds from now (within
+        the mailbox's ttl), or not at all if it already ends later: a renewal never
+        shortens a lease (``renew(0.05)`` on a lease of 60 s would have ended it)."""
         with self._write() as tx:
             now = self.clock()
             checked = self._current_claim(tx, message_id, fence, now, mailbox)
@@ -1056,8 +1058,8 @@ class Store:
                 "SELECT expires_at FROM mailboxes WHERE mailbox_id = ?",
                 (checked.extra["mailbox_id"],),
             )
-            assert expiry is not None
-            lease_until = min(now + lease, float(expiry[0]))
+            assert expiry is not None and checked.lease_until is not None
+            lease_until = max(checked.lease_until, min(now + lease, float(expiry[0])))
             tx.run(
                 "UPDATE messages SET lease_until = ? WHERE message_id = ?",
                 (lease_until, message_id),
