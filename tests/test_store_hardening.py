@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -426,6 +427,14 @@ def test_stop_gives_up_a_message_waiting_for_another_process_and_its_client_gets
     assert [m.subject for m in store.messages(mailbox.mailbox_id)] == ["held"]
 
 
+def restarts(wal: Path) -> int:
+    """How many times the log was started over (truncated, or restarted): the checkpoint
+    sequence number in its header. A write that may wait truncates a log past the limit
+    before its own transaction, so the log then holds that write alone."""
+    header = wal.read_bytes()[:16]
+    return int.from_bytes(header[12:16], "big") if len(header) == 16 else 0
+
+
 def _bigger_than_the_log(tmp_path: Path, limit: int) -> tuple[Store, Incoming, Path]:
     """A store whose log may hold ``limit`` bytes, a message to one of its mailboxes that is
     bigger than that, and the log's path."""
@@ -462,8 +471,9 @@ def test_a_commit_that_must_not_wait_leaves_the_log_to_a_writer_that_may(
     assert 1 <= committed <= WAL_CHECK_EVERY
     assert wal.stat().st_size > limit  # not truncated on the caller's thread
 
+    started = restarts(wal)
     store.deliver_all([big])  # the sink's writer thread
-    assert wal.stat().st_size == 0
+    assert restarts(wal) == started + 1
     store.deliver_all([big], wait=False)
     [(stored,)] = rows(store.path, "SELECT count(*) FROM messages")
     assert stored == committed + 2  # the refused one was not stored
@@ -474,14 +484,14 @@ def test_a_writer_looks_at_the_log_size_once_every_few_commits(
     tmp_path: Path,
 ) -> None:
     store, big, wal = _bigger_than_the_log(tmp_path, 64 * 1024)
-    sizes = []
+    seen = []
     for _ in range(2 * WAL_CHECK_EVERY):
         store.deliver_all([big])  # a waiting writer: it truncates when it sees the limit passed
-        sizes.append(wal.stat().st_size)
+        seen.append(restarts(wal))
     store.close()
 
-    # Past the limit after every commit, truncated only at the commits that looked.
-    truncated = [n for n, size in enumerate(sizes) if size == 0]
+    # Past the limit after every commit, truncated only after the commits that looked.
+    truncated = [n for n in range(1, len(seen)) if seen[n] > seen[n - 1]]
     assert len(truncated) == 2
     assert truncated[1] - truncated[0] == WAL_CHECK_EVERY
 
@@ -549,8 +559,9 @@ def test_a_reader_that_never_lets_go_costs_log_growth_not_a_wait_per_commit(
     pinned.execute("COMMIT")
     pinned.close()
     monkeypatch.setattr(store, "_truncate_after", -math.inf)  # the back-off is over
+    started = restarts(wal)
     store.deliver_all([big])
-    assert wal.stat().st_size == 0
+    assert restarts(wal) == started + 1
     store.close()
 
 
@@ -566,12 +577,39 @@ def test_the_log_is_truncated_soon_after_the_reader_lets_go_even_during_a_back_o
     pinned.execute("COMMIT")
     pinned.close()
 
-    sizes = []
+    started = restarts(wal)
     for _ in range(2 * WAL_CHECK_EVERY):  # one try in every WAL_CHECK_EVERY, and retries
         store.deliver_all([big])
-        sizes.append(wal.stat().st_size)
 
-    assert 0 in sizes  # truncated right after one of these commits
+    assert restarts(wal) > started  # truncated before one of these commits
+    store.close()
+
+
+def test_a_write_truncates_the_log_before_it_reads_the_clock_not_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reservation's ttl and a claim's lease run from the clock read in their transaction.
+    Truncating the log after the commit (up to TRUNCATE_PATIENCE, with a reader in the
+    way) came off what they granted: a reserve(ttl=1) returned an expired mailbox."""
+    limit = 64 * 1024
+    store, _, _, pinned = _in_a_back_off(tmp_path, monkeypatch, limit)
+    monkeypatch.setattr(store, "_truncate_after", -math.inf)  # a writer waits again
+    steps: list[str] = []
+    truncated = store._truncated
+
+    def tries(conn: sqlite3.Connection) -> bool:
+        steps.append("truncate")
+        return truncated(conn)
+
+    monkeypatch.setattr(store, "_truncated", tries)
+    monkeypatch.setattr(store, "clock", lambda: steps.append("clock") or time.time())
+
+    store.reserve(run_id="r-late", purpose="signup", ttl=1, domain="mailbox.test")
+
+    assert "truncate" in steps  # the reader held the log: it tried, in vain, for a while
+    assert steps[-1] == "clock"  # and only then began the reservation
+    pinned.execute("COMMIT")
+    pinned.close()
     store.close()
 
 

@@ -441,6 +441,10 @@ class Store:
             msg = "given up: the sink stops"
             raise StoreBusy(msg)
         conn = self._conn(writer=True)
+        if wait and self._wal_over:
+            # Before the transaction, not after its commit: its caller reads the clock in
+            # it (a lease, a ttl), and time spent truncating would come off what it grants.
+            self._bound_wal(conn, give_up=give_up)
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
         while True:
             try:
@@ -458,7 +462,7 @@ class Store:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        self._bound_wal(conn, patience=TRUNCATE_PATIENCE if wait else 0.0, give_up=give_up)
+        self._committed(wait=wait)
 
     @contextmanager
     def _read(self) -> Iterator[None]:
@@ -474,26 +478,14 @@ class Store:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    def _bound_wal(
-        self,
-        conn: sqlite3.Connection,
-        *,
-        patience: float,
-        give_up: threading.Event | None = None,
-    ) -> None:
-        """Checkpoint and truncate the log once it passes ``wal_limit``.
-
-        The log's size is looked at after this handle's first commit and every
-        ``WAL_CHECK_EVERY``-th after it, and after every commit while it is known to be past
-        the limit: a ``stat`` costs a test 15–25 µs, since it lets the sink's thread take
-        the GIL.
-
-        Readers in the way make the checkpoint give up at once (the writer's connection
-        does not wait); it is tried again every 50 µs or so for ``patience`` seconds, so it
-        lands in the gaps between a busy reader's statements, which SQLite's own busy
-        handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long as they read.
-        A patience spent in vain backs off (``TRUNCATE_BACKOFF``); ``give_up`` ends it.
-        """
+    def _committed(self, *, wait: bool) -> None:
+        """After a commit: ask the background checkpointer every ``CHECKPOINT_EVERY``-th,
+        and look at the log's size after this handle's first commit and every
+        ``WAL_CHECK_EVERY``-th after it, and after every commit while it is known to be
+        past ``wal_limit`` (a ``stat`` costs a test 15–25 µs, since it lets the sink's
+        thread take the GIL). Past it, the next write that may wait truncates it before
+        its transaction (``_bound_wal``); a caller that must not block (``wait=False``)
+        asks the checkpointer, and its next commit is refused (``_write``)."""
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
             self._checkpointer_for().request()
@@ -504,9 +496,20 @@ class Store:
         except OSError:
             return
         self._wal_over = size > self.wal_limit
-        if not self._wal_over:
-            return
-        if patience > 0 and time.monotonic() < self._truncate_after:
+        if self._wal_over and not wait:
+            self._checkpointer_for().request()
+
+    def _bound_wal(self, conn: sqlite3.Connection, *, give_up: threading.Event | None) -> None:
+        """Checkpoint and truncate the log, known to be past ``wal_limit``, before a write.
+
+        Readers in the way make the checkpoint give up at once (the writer's connection
+        does not wait); it is tried again every 50 µs or so for ``TRUNCATE_PATIENCE``
+        seconds, so it lands in the gaps between a busy reader's statements, which
+        SQLite's own busy handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long
+        as they read. A patience spent in vain backs off (``TRUNCATE_BACKOFF``); ``give_up``
+        ends it.
+        """
+        if time.monotonic() < self._truncate_after:
             # A back-off after a reader outlasted the last patience: no one waits for now.
             # But the reader may have let go since: every WAL_CHECK_EVERY-th commit tries
             # once, without waiting (and the next one again if the background checkpointer
@@ -515,10 +518,7 @@ class Store:
             if self._commits % WAL_CHECK_EVERY == 0 or self._checkpointing:
                 self._truncated(conn)
             return
-        if patience <= 0:  # a caller that must not block: its next commit is refused (_write)
-            self._checkpointer_for().request()
-            return
-        pauses = _pauses(patience)
+        pauses = _pauses(TRUNCATE_PATIENCE)
         while not self._truncated(conn):
             if (give_up is not None and give_up.is_set()) or next(pauses, False) is False:
                 break
@@ -1058,7 +1058,8 @@ class Store:
                 "SELECT expires_at FROM mailboxes WHERE mailbox_id = ?",
                 (checked.extra["mailbox_id"],),
             )
-            assert expiry is not None and checked.lease_until is not None
+            assert expiry is not None
+            assert checked.lease_until is not None
             lease_until = max(checked.lease_until, min(now + lease, float(expiry[0])))
             tx.run(
                 "UPDATE messages SET lease_until = ? WHERE message_id = ?",
