@@ -1039,7 +1039,7 @@ def test_store_failure_reply_never_echoes_internals_or_content(
     )
     assert client.cmd(b"NOOP") == b"250 OK\r\n"
     logged = "\n".join(r.getMessage() for r in caplog.records)
-    assert "pytest-mailbox sink could not store a message: OperationalError" in logged
+    assert "pytest-mailbox sink could not store a message: StoreError (OperationalError)" in logged
     for secret in ("482913", "Zq8vT4nW2xKp9LmR", "messages", "no such table"):
         assert secret.encode() not in reply
         assert secret not in logged.replace("could not store a message", "")

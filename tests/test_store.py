@@ -26,6 +26,7 @@ from pytest_mailbox.errors import (
     ContractError,
     LeaseExpired,
     MailboxClosed,
+    StoreError,
     WaitTimeout,
 )
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
@@ -1152,8 +1153,10 @@ def test_a_failed_history_read_leaves_the_connection_out_of_its_transaction(
     with closing(sqlite3.connect(db)) as conn:
         conn.execute("ALTER TABLE secrets RENAME TO gone")  # the last read of history fails
 
-    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+    with pytest.raises(StoreError, match=r"no such table: .*; nothing was read$") as failed:
         store.history(mailbox.mailbox_id)
+    assert isinstance(failed.value.__cause__, sqlite3.OperationalError)
+    assert failed.value.status is Status.PROVIDER_ERROR
 
     assert not store._conn().in_transaction
     assert store.mailbox(mailbox.mailbox_id) is not None  # and the next read sees the store

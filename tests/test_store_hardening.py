@@ -25,6 +25,7 @@ import pytest
 from storekit import rows
 
 import pytest_mailbox.store as store_module
+from pytest_mailbox.errors import StoreError
 from pytest_mailbox.sink import MailSink
 from pytest_mailbox.store import (
     WAL_CHECK_EVERY,
@@ -312,9 +313,16 @@ def test_a_writer_that_cannot_get_the_lock_gives_up_and_changes_nothing(
     holder = sqlite3.connect(store.path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
 
-    # Waiting gives up after busy_timeout with SQLite's error; not waiting says so at once.
-    with pytest.raises(sqlite3.OperationalError if wait else StoreBusy, match="locked"):
+    # Waiting gives up after busy_timeout, saying what holds it; not waiting says so at once.
+    with pytest.raises(StoreError if wait else StoreBusy, match="locked") as refused:
         store.deliver_all([message], wait=wait)
+    if wait:
+        assert str(refused.value) == (
+            f"the store {store.path} stayed locked by another connection for its whole "
+            "busy_timeout of 0.05s: a process stopped (a debugger, SIGSTOP) or hung inside "
+            "a write transaction holds it"
+        )
+        assert isinstance(refused.value.__cause__, sqlite3.OperationalError)
 
     holder.execute("ROLLBACK")
     holder.close()

@@ -16,6 +16,7 @@ from pytest_mailbox.errors import (
     LeaseExpired,
     MailboxClosed,
     MailboxError,
+    StoreError,
     UnexpectedMessage,
     WaitTimeout,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "Selector",
     "Status",
     "Store",
+    "StoreError",
     "UnexpectedMessage",
     "WaitTimeout",
 ]

@@ -18,6 +18,7 @@ __all__ = [
     "LeaseExpired",
     "MailboxClosed",
     "MailboxError",
+    "StoreError",
     "UnexpectedMessage",
     "WaitTimeout",
 ]
@@ -102,3 +103,9 @@ class MailboxClosed(MailboxError):
     ) -> None:
         self.status = status
         super().__init__(message, result=result)
+
+
+class StoreError(MailboxError):
+    """The shared store failed under the call (``provider_error``): it stayed locked for
+    its whole ``busy_timeout``, or SQLite refused it (a full disk, an I/O error). The
+    ``sqlite3`` error is its ``__cause__``; the call changed nothing."""

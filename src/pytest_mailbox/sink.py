@@ -30,6 +30,7 @@ from pytest_mailbox.endpoint import (
     normalize_domain,
     split_address,
 )
+from pytest_mailbox.errors import StoreError
 from pytest_mailbox.message import index
 from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
@@ -222,7 +223,10 @@ class _Handler:
             )
         except Exception as exc:
             # The type only: an exception's text may quote the message or the store's internals.
-            log.error("pytest-mailbox sink could not store a message: %s", type(exc).__name__)
+            kind = type(exc).__name__
+            if isinstance(exc, StoreError) and exc.__cause__ is not None:
+                kind = f"{kind} ({type(exc.__cause__).__name__})"  # SQLite's own, by type
+            log.error("pytest-mailbox sink could not store a message: %s", kind)
             return "451 4.3.0 Internal error in the test mail sink; the message was not stored"
         if fault is not None:  # a scripted failure: the whole message is refused, not stored
             return fault

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from filelock import FileLock
 
+from pytest_mailbox.errors import StoreError
 from pytest_mailbox.settings import _int, _path, _seconds, argument
 from pytest_mailbox.vocabulary import Checkpoint, CloseReason, Status, digest
 
@@ -453,16 +454,34 @@ class Store:
             except sqlite3.OperationalError as exc:
                 if not wait or (give_up is not None and give_up.is_set()):
                     raise StoreBusy(str(exc)) from None
-                if "locked" not in str(exc) or next(pauses, False) is False:
-                    raise
+                if "locked" not in str(exc):
+                    raise self._failed(exc, "nothing of this call was stored") from exc
+                if next(pauses, False) is False:
+                    msg = (
+                        f"the store {self.path} stayed locked by another connection for its "
+                        f"whole busy_timeout of {self._busy_timeout:g}s: a process stopped "
+                        "(a debugger, SIGSTOP) or hung inside a write transaction holds it"
+                    )
+                    raise StoreError(msg) from exc
         try:
             yield _Tx(conn)
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with suppress(sqlite3.Error):  # an I/O error may have ended it already
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise self._failed(exc, "nothing of this call was stored") from exc
             raise
         self._committed(wait=wait)
+
+    def _failed(self, exc: sqlite3.Error, outcome: str) -> StoreError:
+        """SQLite's refusal as the error the caller's contract knows (``provider_error``)."""
+        msg = (
+            f"the store {self.path} failed: {exc} (is its disk full, or did another program "
+            f"change or remove the file?); {outcome}"
+        )
+        return StoreError(msg)
 
     @contextmanager
     def _read(self) -> Iterator[None]:
@@ -474,9 +493,12 @@ class Store:
             conn.execute("BEGIN")
             yield
             conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._failed(exc, "nothing was read") from exc
         finally:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
 
     def _committed(self, *, wait: bool) -> None:
         """After a commit: ask the background checkpointer every ``CHECKPOINT_EVERY``-th,
