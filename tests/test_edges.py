@@ -119,6 +119,26 @@ def test_the_alias_at_another_accepted_domain_is_not_routed(store: Store) -> Non
     assert [r.rcpt for r in store.unrouted("other.test")] == [f"{box.alias}@other.test"]
 
 
+def test_a_timeout_shows_mail_to_its_alias_at_another_accepted_domain(store: Store) -> None:
+    """The alias right and the domain another (a second mailbox_allowed_domains entry): the
+    timeout showed "no mail arrived", which sent the user to check the app's SMTP settings."""
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="verify"), domain=DOMAIN)
+    to = f"{box.alias}@other.test"
+    with (
+        MailSink(store, domains=[DOMAIN, "other.test"]) as sink,
+        smtplib.SMTP(sink.host, sink.port) as smtp,
+    ):
+        smtp.sendmail("a@app.example.test", [to], raw(to, "Verify"))
+    with pytest.raises(WaitTimeout) as caught:
+        box.wait_for(subject="Verify", timeout=0)
+    (stray,) = [r.message_id for r in store.unrouted("other.test")]
+    assert str(caught.value).splitlines()[1:] == [
+        "near misses (1):",
+        f"  - {stray} 'Verify': envelope recipient {to} is not {box.address}",
+    ]
+    box.close(success=True)
+
+
 def test_a_fault_another_sink_took_meanwhile_is_not_answered_twice(
     store: Store, db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

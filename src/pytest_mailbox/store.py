@@ -838,14 +838,17 @@ class Store:
         )
         return None if row is None else _message(row)
 
-    def unrouted(self, domain: str, *, since: float = 0.0, limit: int = 200) -> list[MessageRow]:
-        """The newest mail for unknown aliases of ``domain`` since ``since``, oldest first."""
+    def unrouted(
+        self, domain: str | None, *, since: float = 0.0, limit: int = 200
+    ) -> list[MessageRow]:
+        """The newest mail for unknown aliases of ``domain`` (``None``: of every domain)
+        since ``since``, oldest first."""
         rows = (
             self._conn()
             .execute(
-                "SELECT * FROM messages WHERE mailbox_id IS NULL AND domain = ? "
+                "SELECT * FROM messages WHERE mailbox_id IS NULL AND (? IS NULL OR domain = ?) "
                 "AND received_at >= ? ORDER BY seq DESC LIMIT ?",
-                (domain, since, limit),
+                (domain, domain, since, limit),
             )
             .fetchall()
         )
