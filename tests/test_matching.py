@@ -823,6 +823,20 @@ def test_wait_for_claims_and_ack_consumes(
     )
 
 
+def test_a_wait_repeated_for_a_message_this_run_holds_says_it_is_in_hand(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+    msg = isolated_mailbox.wait_for(subject="Welcome", timeout=10)
+
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)  # a retried step
+    assert (
+        f"  - {msg.message_id} 'Welcome': already claimed by this run (fence {msg.fence}): "
+        "use the ClaimedMessage that claimed it, or release() it first"
+    ) in str(caught.value).splitlines()
+
+
 @pytest.mark.email_contract(ttl=30)
 @pytest.mark.parametrize("waits", ["blocking", "awaiting"])
 def test_a_wait_takes_its_message_once_the_lease_that_held_it_ends(

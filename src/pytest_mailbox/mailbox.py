@@ -712,6 +712,11 @@ class Mailbox:
             if row.state == Status.CONSUMED.value:
                 return f"already consumed (fence {row.fence})"
             if row.leased(now):
+                if row.holder == self.run_id:  # a wait_for repeated, say: the claim is in hand
+                    return (
+                        f"already claimed by this run (fence {row.fence}): use the "
+                        "ClaimedMessage that claimed it, or release() it first"
+                    )
                 return f"already claimed by run {row.holder} (fence {row.fence})"
         return self._content_reason(row, selector)
 
