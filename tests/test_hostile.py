@@ -1243,6 +1243,9 @@ def test_deep_nesting_and_many_parts_still_yield_their_text(sink: MailSink) -> N
         ({"subject_contains": "Verify\n"}, "a subject has no line breaks"),
         ({"header": ("X-Run-Id", "r-1\r\nBcc: x")}, "a header value has no line breaks"),
         ({"header": ("X-Run-Id\n", "r-1")}, "a header name is printable ASCII"),
+        # the address is compared: a display name could never match
+        ({"sender": "Example App <noreply@app.example.test>"}, "an address alone, such as"),
+        ({"sender": "app.example.test"}, "an address alone, such as"),
     ],
     ids=[
         "nested-plus",
@@ -1258,6 +1261,8 @@ def test_deep_nesting_and_many_parts_still_yield_their_text(sink: MailSink) -> N
         "subject-contains-lf",
         "header-value-crlf",
         "header-name-lf",
+        "sender-display-name",
+        "sender-domain",
     ],
 )
 def test_bad_selector_is_refused_before_any_matching(

@@ -176,7 +176,7 @@ SELECTOR_FIELDS: dict[str, str] = {
     "subject": "the exact subject",
     "subject_contains": "text the subject contains",
     "subject_regex": "a regular expression searched in the subject",
-    "sender": "an address, compared case-insensitively with From and the envelope sender",
+    "sender": "an address alone, compared case-insensitively with From and the envelope sender",
     "header": "a (name, value) pair; the name without ':' or line breaks",
     "body_contains": "text the plain or HTML body contains",
     "body_regex": "a regular expression searched in the body",
@@ -239,6 +239,21 @@ class Selector(BaseModel):
     def _one_line(cls, value: str | None) -> str | None:
         if value is not None and ("\r" in value or "\n" in value):
             msg = "a subject has no line breaks: folded subjects are compared unfolded"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("sender")
+    @classmethod
+    def _an_address(cls, value: str | None) -> str | None:
+        """An address alone: a display name or angle brackets could never match (the
+        address is compared), and a wait with one would only ever time out."""
+        if value is not None and (
+            value.count("@") != 1 or any(c in value for c in '<>"') or value.split() != [value]
+        ):
+            msg = (
+                "an address alone, such as 'noreply@app.example.test': no display name, "
+                "angle brackets or spaces (the address is what is compared)"
+            )
             raise ValueError(msg)
         return value
 
