@@ -1276,6 +1276,7 @@ def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
     assert (secret.kind, secret.host) == ("link", "app.example.test")
     with pytest.raises(ContractError, match=r"link domain 'www\.example\.org' is not allowed"):
         one.link(domain="www.example.org")
+    assert one.link(domain="https://app.example.test") == verify  # a host, as a URL
     with pytest.raises(ExtractionError, match=r"^link\(domain=5\): give a host name"):
         one.link(domain=5)  # type: ignore[arg-type]
     with pytest.raises(ContractError) as whole_link:  # the link itself given as its domain

@@ -419,6 +419,18 @@ def test_a_domain_with_a_path_is_refused_rather_than_its_path_ignored(
     assert plain(VERIFY).link(domain="https://app.example.test/") == VERIFY  # a host, as a URL
 
 
+@pytest.mark.parametrize("domain", ["app.example.test:444", "https://app.example.test:444/"])
+def test_a_domain_with_a_port_is_refused_rather_than_its_port_ignored(domain: str) -> None:
+    """The links are compared by host: a port was dropped, and a link on another port
+    (here the default one) handed back as if it were on the one asked for."""
+    with pytest.raises(ExtractionError) as refused:
+        plain(VERIFY).link(domain=domain)
+    assert str(refused.value) == (
+        f"link(domain={domain!r}): give the host alone, without a port: the links are "
+        "compared by host"
+    )
+
+
 def test_link_with_empty_domain_is_an_extraction_error() -> None:
     with pytest.raises(ExtractionError, match="give a host name"):
         plain(VERIFY).link("  ")

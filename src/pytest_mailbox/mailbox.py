@@ -52,6 +52,7 @@ from pytest_mailbox.errors import (
 from pytest_mailbox.message import (
     Message,
     Recorded,
+    domain_host,
     extracted_here,
     mask_address,
     mask_copied,
@@ -213,8 +214,14 @@ class ClaimedMessage(Message):
             candidates, where, hint = self._link_candidates(None, path, hosts=set(allowed))
             where = f" on {', '.join(allowed)} (email_contract link_domains)" + where
             return self._one_link(candidates, where, hint)
-        # Not a string: Message.link says what a domain must be.
-        if allowed and isinstance(domain, str) and normalize_domain(domain) not in allowed:
+        # Not a string: Message.link says what a domain must be. A URL's host counts
+        # (domain="https://app.example.test", which Message.link takes as that host).
+        if (
+            allowed
+            and isinstance(domain, str)
+            and (host := domain_host(domain))
+            and normalize_domain(host) not in allowed
+        ):
             msg = (
                 f"link domain {mask_copied(domain)!r} is not allowed by email_contract "
                 f"link_domains={list(allowed)}; pass one of them as domain=, or none"

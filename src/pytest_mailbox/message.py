@@ -823,6 +823,24 @@ def _host(url: str) -> str:
     return host.rstrip(".")
 
 
+def domain_as_url(domain: str) -> str:
+    """``link(domain=)``'s value as a URL to read its host from: a host, or a URL."""
+    return domain if "://" in domain else f"http://{domain}"
+
+
+def domain_host(domain: str) -> str:
+    """The host ``link(domain=)`` looks for links on ("" if ``domain`` names none)."""
+    return _host(domain_as_url(domain.strip()))
+
+
+def _port(url: str) -> int | str | None:
+    """The URL's port as written, None if it has none (an unreadable one counts as one)."""
+    try:
+        return urlsplit(_as_browsers_read(url)).port
+    except ValueError:
+        return "unreadable"
+
+
 def _path(url: str) -> str:
     """The URL's path as ``link(path=)`` compares it ("" if it has none or cannot be read)."""
     try:
@@ -1286,8 +1304,14 @@ class Message:
             candidates = list(self._links)
         else:
             given = "" if not isinstance(domain, str) else domain.strip()
-            url = given if "://" in given else f"http://{given}"
+            url = domain_as_url(given)
             wanted = _host(url)
+            if wanted and _port(url) is not None:  # a link elsewhere on the host would do
+                msg = (
+                    f"link(domain={mask_copied(given)!r}): give the host alone, without a "
+                    "port: the links are compared by host"
+                )
+                raise ExtractionError(msg, result={"message_id": self.message_id})
             if not wanted:
                 shown = repr(mask_copied(domain)) if isinstance(domain, str) else repr(domain)
                 msg = f"link(domain={shown}): give a host name such as 'app.example.test'"
