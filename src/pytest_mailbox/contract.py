@@ -138,9 +138,12 @@ class EmailContract(BaseModel):
             )
             raise ValueError(msg)
         if self.lease > self.ttl:
+            fix = "lower lease or raise ttl"
+            if self.ttl == ttl_max:  # raising ttl alone would be refused as over ttl_max
+                fix = f"lower lease, or {raise_max} and raise ttl"
             msg = (
                 f"{source}: lease={self.lease:g}{came('lease')} exceeds ttl={self.ttl}"
-                f"{came('ttl')}; a claim cannot outlive its mailbox, lower lease or raise ttl"
+                f"{came('ttl')}; a claim cannot outlive its mailbox, {fix}"
             )
             raise ValueError(msg)
 
