@@ -420,15 +420,17 @@ def test_a_domain_with_a_path_is_refused_rather_than_its_path_ignored(
 
 
 @pytest.mark.parametrize("domain", ["app.example.test:444", "https://app.example.test:444/"])
-def test_a_domain_with_a_port_is_refused_rather_than_its_port_ignored(domain: str) -> None:
-    """The links are compared by host: a port was dropped, and a link on another port
-    (here the default one) handed back as if it were on the one asked for."""
+def test_a_domain_with_a_port_takes_only_links_on_that_port(domain: str) -> None:
+    """A port given was dropped, and a link on another port (here the default one) handed
+    back as if it were on the one asked for."""
     with pytest.raises(ExtractionError) as refused:
         plain(VERIFY).link(domain=domain)
-    assert str(refused.value) == (
-        f"link(domain={domain!r}): give the host alone, without a port: the links are "
-        "compared by host"
-    )
+    assert str(refused.value).startswith("no link on app.example.test:444 in message")
+    on_444 = "http://app.example.test:444/verify?token=Zk3Pq9Wm2Lx"
+    assert plain(f"{VERIFY}\n{on_444}\n").link(domain=domain) == on_444
+    assert plain(on_444).link(domain="app.example.test") == on_444  # no port: any port
+    with pytest.raises(ExtractionError, match=r"its port is not a number"):
+        plain(VERIFY).link(domain="app.example.test:https")
 
 
 def test_link_with_empty_domain_is_an_extraction_error() -> None:
@@ -580,6 +582,13 @@ def test_code_from_html_only_mail() -> None:
             "https://springpromo2026launch.example.test/",
         ),
         ("https://xn--bcher-kva.example.test/", "https://xn--bcher-kva.example.test/"),
+        # A label that holds a code is redacted; a name's number stays.
+        ("https://483920.app.example.test/welcome", "https://….app.example.test/…"),
+        ("https://tenant-48291.app.example.test/", "https://….app.example.test/"),
+        ("https://k7q9x2.app.example.test/", "https://….app.example.test/"),
+        ("https://web01.cdn77.example.test/", "https://web01.cdn77.example.test/"),
+        ("https://ip-10-0-0-1.ec2.internal/", "https://ip-10-0-0-1.ec2.internal/"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/"),
     ],
 )
 def test_redact_url(url: str, expected: str) -> None:

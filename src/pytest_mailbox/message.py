@@ -192,7 +192,8 @@ def redact_url(url: str) -> str:
     may be any segment, and may look like a word (``/magic/plum-tiger-cloud-river``).
     Lower-case word query keys survive; their values, bare keys, credentials and the
     fragment do not. A host label that looks like a token (``_is_token``, read as written:
-    ``Zq8Xk2LmN4pR7tVw.login.example.test``) is redacted too; the rest of the host stays.
+    ``Zq8Xk2LmN4pR7tVw.login.example.test``) or holds a code (``_CODE_LABEL``:
+    ``483920.app.example.test``) is redacted too; the rest of the host stays.
     """
     try:
         parts = urlsplit(_as_browsers_read(url.strip()))
@@ -227,9 +228,20 @@ def _untokened_host(netloc: str, host: str) -> str:
     if len(written) != len(labels):  # pragma: no cover - urlsplit reads netloc so
         return host
     return ".".join(
-        _REDACTED if _is_token(as_written) else label
+        _REDACTED if _is_token(as_written) or _CODE_LABEL.fullmatch(label) else label
         for as_written, label in zip(written, labels, strict=True)
     )
+
+
+#: A host label that holds a code (``483920.app.example.test``, ``tenant-48291.app.test``,
+#: ``k7q9x2.app.example.test``): four digits or more between dashes, or 5–15 letters and
+#: digits mixed as random text mixes them (three digits or more, two letters, no four
+#: letters in a row). An address's label (``127``), a name's number (``web01``, ``cdn77``,
+#: ``springpromo2026launch``) stays.
+_CODE_LABEL = re.compile(
+    r"(?:[a-z0-9]*-)*\d{4,}(?:-[a-z0-9]*)*"
+    r"|(?=(?:[a-z]*\d){3})(?=(?:\d*[a-z]){2})(?!.*[a-z]{4})[a-z0-9]{5,15}"
+)
 
 
 def _as_browsers_read(url: str) -> str:
@@ -833,12 +845,20 @@ def domain_host(domain: str) -> str:
     return _host(domain_as_url(domain.strip()))
 
 
-def _port(url: str) -> int | str | None:
-    """The URL's port as written, None if it has none (an unreadable one counts as one)."""
+def _port(url: str, *, default: bool = False) -> int | str | None:
+    """The URL's port as written (``default``: its scheme's when none is written), None
+    if it has none, ``"unreadable"`` if it is not a number."""
     try:
-        return urlsplit(_as_browsers_read(url)).port
+        parts = urlsplit(_as_browsers_read(url))
+        port = parts.port
     except ValueError:
         return "unreadable"
+    if port is None and default:
+        return _DEFAULT_PORTS.get(parts.scheme.lower())
+    return port
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _path(url: str) -> str:
@@ -1306,10 +1326,11 @@ class Message:
             given = "" if not isinstance(domain, str) else domain.strip()
             url = domain_as_url(given)
             wanted = _host(url)
-            if wanted and _port(url) is not None:  # a link elsewhere on the host would do
+            port = _port(url)
+            if wanted and isinstance(port, str):
                 msg = (
-                    f"link(domain={mask_copied(given)!r}): give the host alone, without a "
-                    "port: the links are compared by host"
+                    f"link(domain={mask_copied(given)!r}): its port is not a number; give "
+                    "the host alone, or the host and its port ('localhost:8000')"
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             if not wanted:
@@ -1323,6 +1344,9 @@ class Message:
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             candidates, where = self._links_on({wanted}), f" on {wanted}"
+            if port is not None:  # given: only links on that port ("localhost:8000")
+                candidates = [u for u in candidates if _port(u, default=True) == port]
+                where = f" on {wanted}:{port}"
             hint = "pass path= with the start of the one you want (path='/verify')"
         if path is not None:
             if not isinstance(path, str) or not path.startswith("/") or "?" in path or "#" in path:
