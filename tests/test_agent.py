@@ -499,6 +499,10 @@ def test_another_runs_fixture_id_is_policy_denied(
         ["proposed", "allowed", "refused"],
         ["proposed", "rejected"],
     ]
+    # no answer names another run's mailbox, and neither does this run's receipt
+    evidence = isolated_mailbox.receipt().evidence or []
+    assert [e.arguments["fixture_id"] for e in evidence[:4]] == ["(not this run's)"] * 4
+    assert foreign not in dump_receipt(isolated_mailbox.receipt())
     other.release()
 
 

@@ -573,6 +573,7 @@ def _bare(text: str) -> str:
 
 
 _ID_FIELDS = frozenset({"fixture_id", "message_id"})
+_NOT_THIS_RUNS = "(not this run's)"  # the evidence's fixture_id of a call on another mailbox
 
 
 def _id_unextracted(text: str) -> str:
@@ -830,6 +831,10 @@ class AgentTools:
         call.arguments = args.model_dump(mode="json")
         # policy
         denied = self._policy(tool, args)
+        if getattr(args, "fixture_id", None) not in (None, self.mailbox.mailbox_id):
+            # Refused (policy_denied): another run's mailbox id is not kept in this run's
+            # receipt, as no answer ever names one.
+            call.arguments["fixture_id"] = _NOT_THIS_RUNS
         admitted = None
         if denied is None:
             limit = self._limits.get(tool.budget or "")
