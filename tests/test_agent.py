@@ -41,6 +41,7 @@ from pytest_mailbox import (
     Receipt,
     Status,
 )
+from pytest_mailbox import agent as agent_module
 from pytest_mailbox import message as message_module
 from pytest_mailbox.agent import AgentTools, Answer, journal_path
 from pytest_mailbox.contract import dump_receipt
@@ -1247,6 +1248,38 @@ def test_resends_are_budgeted_and_later_waits_see_only_the_new_mail(
         "next_action": {"do": "stop"},
     }
     assert len(app.sent) == 2
+
+
+def test_an_agent_in_a_loop_is_stopped_at_max_calls_and_its_evidence_stays_bounded(
+    isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Budgets cap reads and resends; a loop of other calls (reserve_mailbox, unknown
+    tools) went on for ever, each call slower, and every one of them in the receipt."""
+    monkeypatch.setattr(agent_module, "MAX_CALLS", 5)
+    tools = isolated_mailbox.agent_tools()
+    reserve = {"purpose": isolated_mailbox.purpose, "ttl": 60}
+    answers = [tools.call("reserve_mailbox", reserve) for _ in range(4)]
+    answers += [tools.call("list_inbox", {}) for _ in range(4)]
+
+    assert [a["status"] for a in answers] == ["reserved"] * 4 + ["rejected"] + [
+        "budget_exceeded"
+    ] * 3
+    assert (
+        answers[5]
+        == answers[6]
+        == answers[7]
+        == {
+            "status": "budget_exceeded",
+            "reason": "this run's tools answered 5 calls, the most a run gets (MAX_CALLS): an "
+            "agent in a loop, most likely; the harness decides what comes next",
+            "fixture_id": isolated_mailbox.mailbox_id,
+            "next_action": {"do": "stop"},
+        }
+    )
+    assert [status for _, _, status in trail(isolated_mailbox)] == ["reserved"] * 4 + [
+        "rejected",
+        "budget_exceeded",  # the first refusal says why; the rest leave no entry
+    ]
 
 
 @pytest.mark.email_contract(max_reads=10)

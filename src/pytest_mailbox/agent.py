@@ -74,12 +74,16 @@ from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Outcome, Store
 from pytest_mailbox.vocabulary import shown, utc
 
-__all__ = ["AgentTools", "Answer", "NextAction", "journal_path"]
+__all__ = ["MAX_CALLS", "AgentTools", "Answer", "NextAction", "journal_path"]
 
 #: The polling hint of an answer that found nothing yet.
 POLL_AFTER_MS = 500
 #: The longest a single ``wait_for_message`` may block, in seconds.
 MAX_WAIT = 60.0
+#: The most tool calls one run's tools answer, from every process: an agent caught in a
+#: loop is stopped (``budget_exceeded``), and its evidence, which the receipt carries into
+#: JUnit XML, stays bounded. The budgets cap reads and resends; this caps the rest.
+MAX_CALLS = 200
 
 _FIXTURE_ID = r"^mbx-[0-9a-f]{4,32}$"
 _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
@@ -407,6 +411,9 @@ class _Journal:
         " mailbox_id TEXT NOT NULL, tool TEXT NOT NULL, budget TEXT,"
         " allowed INTEGER NOT NULL, entry TEXT NOT NULL)",
         "CREATE INDEX IF NOT EXISTS evidence_mailbox ON evidence (mailbox_id, seq)",
+        # What admit() counts, read from an index: a call's cost does not grow with the run's.
+        "CREATE INDEX IF NOT EXISTS evidence_budget ON evidence (mailbox_id, budget, allowed)",
+        "CREATE INDEX IF NOT EXISTS evidence_tool ON evidence (mailbox_id, tool, allowed)",
         "CREATE TABLE IF NOT EXISTS bindings (mailbox_id TEXT PRIMARY KEY,"
         " contract TEXT NOT NULL, ttl_max INTEGER NOT NULL)",
     )
@@ -480,6 +487,14 @@ class _Journal:
             ).fetchone()
         return row is not None
 
+    def calls(self, mailbox_id: str) -> int:
+        """How many calls on this mailbox have evidence, from every process."""
+        with self._connect() as conn:
+            (made,) = conn.execute(
+                "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ?", (mailbox_id,)
+            ).fetchone()
+        return int(made)
+
     def used(self, mailbox_id: str, budget: str) -> int:
         """How much of ``budget`` this mailbox's calls have used, in every process."""
         with self._connect() as conn:
@@ -524,6 +539,7 @@ class _Call:
     steps: list[str] = field(default_factory=lambda: ["proposed"])
     arguments: dict[str, Any] = field(default_factory=dict)
     row: int | None = None
+    quiet: bool = False  # past MAX_CALLS: answered, not journaled (the first says why)
 
     def with_step(self, step: str) -> _Call:
         return replace(self, steps=[*self.steps, step])
@@ -736,7 +752,8 @@ class AgentTools:
             answer = self._affordable(self._decide(name, arguments, call))
             if self.contract.mode == "dry-run":
                 answer = answer.model_copy(update={"dry_run": True})
-            self._record(call, answer, started)
+            if not call.quiet:
+                self._record(call, answer, started)
         except Exception as exc:  # the surface never raises: a failure is an answer too
             # The agent learns only that the harness failed; its author gets the traceback.
             log.warning(
@@ -806,6 +823,16 @@ class AgentTools:
         if terminal is not None:  # nothing to fix: whatever is called, the run is over
             call.steps.append("rejected")
             return terminal
+        made = self._journal.calls(self.mailbox.mailbox_id)
+        if made >= MAX_CALLS:
+            call.steps.append("rejected")
+            call.quiet = made > MAX_CALLS
+            reason = (
+                f"this run's tools answered {MAX_CALLS} calls, the most a run gets "
+                "(MAX_CALLS): an agent in a loop, most likely; the harness decides what "
+                "comes next"
+            )
+            return self._reply(Status.BUDGET_EXCEEDED, _STOP, reason)
         if tool is None:
             call.steps.append("rejected")
             tools = ", ".join(self._tools)
