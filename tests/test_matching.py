@@ -687,6 +687,8 @@ ONE_WAY_ROUNDS = [
     r"[\w-]+(?:\.(?:com|co|org))+",
     py311(r"(?:a++|b)+$"),  # possessive: never gives back
     py311(r"(?>a|ab)+$"),  # atomic
+    py311(r"(?>a+)+!"),  # an atomic round is not split again, whatever it holds
+    py311(r"(?>\w+\s?)+$"),
     r"(?:(?=a)a|b)+$",
     r"(\d\d?){3}",  # few rounds: bounded
     r"Hello,(?:\r?\n|<br>)+Your code",  # alternatives that begin apart

@@ -466,6 +466,10 @@ def _dominated(body: Any, *, unbounded: bool) -> bool:
             low, high = av[0], av[1]
             if low != high and (unbounded or high == _sre_constants.MAXREPEAT):
                 return True
+        elif op is _ATOMIC:
+            # Once matched, never given back: a round cannot be split again (``(?>a+)+``);
+            # what it holds is checked by _nested_repeat on its own.
+            continue
         elif any(_dominated(child, unbounded=unbounded) for child in _children(op, av)):
             return True
     return False
