@@ -1282,6 +1282,22 @@ def test_a_runs_end_closes_and_counts_only_its_own_mailboxes(tmp_path: Path) -> 
         second.close()
 
 
+def test_a_crashed_tests_mailboxes_are_those_of_its_own_run(tmp_path: Path) -> None:
+    """Two runs given one --basetemp share the store, and their tests and workers have the
+    same names: a crash report listed the other run's mailboxes of that test too."""
+    path = tmp_path / "store.sqlite3"
+    first = Store(path, worker="gw0", testrun="run-one")
+    second = Store(path, worker="gw0", testrun="run-two")
+    try:
+        mine = reserve(first, run_id="r-1").mailbox_id
+        reserve(second, run_id="r-2")  # the same test (t::x) in the same worker
+
+        assert first.mailbox_ids(owner="t::x", worker="gw0", testrun="run-one") == [mine]
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_fault_armed_after_an_earlier_one_was_used_up_is_still_taken(store: Store) -> None:
     mb, _ = store.reserve(run_id="r", purpose="f", ttl=600, domain=DOMAIN)
     store.add_fault(mb.mailbox_id, mb.fence, stage="DATA", reply="451 4.3.0 First", times=1)

@@ -852,7 +852,9 @@ class _CrashReceipts:
             )
             rows = [
                 store.mailbox(mailbox_id)
-                for mailbox_id in store.mailbox_ids(owner=crashitem, worker=worker)
+                for mailbox_id in store.mailbox_ids(
+                    owner=crashitem, worker=worker, testrun=config.stash[_run_key]
+                )
                 if mailbox_id not in self.reported
             ]
             contract = config.stash[_settings_key].contract

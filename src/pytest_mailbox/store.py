@@ -1168,11 +1168,14 @@ class Store:
                 self._released(tx, mailbox_id, CloseReason.RELEASED_ERROR, now)
         return orphans
 
-    def mailbox_ids(self, *, owner: str, worker: str) -> list[str]:
-        """The mailboxes ``owner`` (a test's node id) reserved in ``worker``, oldest first."""
+    def mailbox_ids(self, *, owner: str, worker: str, testrun: str) -> list[str]:
+        """The mailboxes ``owner`` (a test's node id) reserved in ``worker`` of the pytest
+        run ``testrun``, oldest first: two runs given one --basetemp share the file, and
+        their tests and workers have the same names."""
         rows = self._conn().execute(
-            "SELECT mailbox_id FROM mailboxes WHERE owner = ? AND worker = ? ORDER BY created_at",
-            (owner, worker),
+            "SELECT mailbox_id FROM mailboxes WHERE owner = ? AND worker = ? AND testrun = ?"
+            " ORDER BY created_at",
+            (owner, worker, testrun),
         )
         return [str(row[0]) for row in rows.fetchall()]
 
