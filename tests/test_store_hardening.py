@@ -621,6 +621,34 @@ def test_a_write_truncates_the_log_before_it_reads_the_clock_not_after(
     store.close()
 
 
+def test_an_interrupt_inside_a_write_rolls_it_back_and_passes_through(tmp_path: Path) -> None:
+    """Ctrl-C, or pytest-timeout's signal, landing inside a write: not a StoreError (the
+    store did not fail), nothing stored, and the connection left out of the transaction."""
+
+    def clock() -> float:
+        raise KeyboardInterrupt
+
+    store = Store(tmp_path / "store.sqlite3", clock=clock)
+    with pytest.raises(KeyboardInterrupt):
+        store.reserve(run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test")
+    assert not store._conn(writer=True).in_transaction
+    assert rows(store.path, "SELECT count(*) FROM mailboxes") == [(0,)]
+    store.close()
+
+
+def test_a_store_file_that_is_no_database_is_a_store_error(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store.sqlite3")
+    store.close()  # its connections go; the next write opens one on what is there now
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store.path}{suffix}").unlink(missing_ok=True)
+    store.path.write_bytes(b"not a database " * 512)
+
+    with pytest.raises(StoreError, match="file is not a database") as failed:
+        store.reserve(run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test")
+    assert isinstance(failed.value.__cause__, sqlite3.DatabaseError)
+    store.close()
+
+
 def test_a_commit_given_up_before_it_begins_stores_nothing(tmp_path: Path) -> None:
     """A sink that stops gives up what its writer thread has not committed yet, even with
     the lock free: those clients are cut off, got no ``250``, and still own the message."""

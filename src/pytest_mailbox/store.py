@@ -441,7 +441,10 @@ class Store:
         if give_up is not None and give_up.is_set():  # its client is cut off: it owns it
             msg = "given up: the sink stops"
             raise StoreBusy(msg)
-        conn = self._conn(writer=True)
+        try:
+            conn = self._conn(writer=True)
+        except sqlite3.Error as exc:  # a file that is no SQLite database, say
+            raise self._failed(exc, "nothing of this call was stored") from exc
         if wait and self._wal_over:
             # Before the transaction, not after its commit: its caller reads the clock in
             # it (a lease, a ttl), and time spent truncating would come off what it grants.
