@@ -1302,16 +1302,49 @@ def test_a_wait_for_message_reads_each_message_once_and_stops_at_its_timeout(
         app.welcome(isolated_mailbox.address)  # no code in any of them
     tools = isolated_mailbox.agent_tools()
     arguments = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 0}
-    answers = [tools.call("wait_for_message", arguments)["reason"] for _ in range(4)]
 
+    assert tools.call("wait_for_message", arguments)["reason"] == "no message with a code yet"
+    assert tools.call("wait_for_message", arguments)["reason"] == "no message with a code yet"
+    assert len(read) == len(set(read)) == 3  # each read once, all in the first call
+
+    # Each as large as could be: past its reading time, a call reads one more at most.
+    monkeypatch.setattr(agent_module, "READ_ALLOWANCE", 0.0)
+    read.clear()
+    fresh = isolated_mailbox.agent_tools()  # its own memory of what it read
+    answers = [fresh.call("wait_for_message", arguments)["reason"] for _ in range(4)]
     assert len(read) == len(set(read)) == 3  # one each, over the first three calls
-    left = "message(s) not looked into before the timeout (large ones take long to read)"
+    left = "message(s) not looked into in time (large ones take long to read)"
     assert answers == [
         f"no message with a code yet; 2 {left}, which the next call goes on with",
         f"no message with a code yet; 1 {left}, which the next call goes on with",
         "no message with a code yet",
         "no message with a code yet",
     ]
+
+
+@pytest.mark.email_contract(max_reads=10)
+def test_a_wait_for_message_never_offers_one_message_while_others_are_unread(
+    isolated_mailbox: Mailbox, app: SignupApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two mails carry a code: a poll that read one of them only must not offer it."""
+    app.signup(isolated_mailbox.address)
+    app.signup(isolated_mailbox.address)
+    own = isolated_mailbox.mailbox_id
+    arguments = {"fixture_id": own, "kind": "code", "timeout": 0}
+    assert isolated_mailbox.agent_tools().call("wait_for_message", arguments)["status"] == (
+        "ambiguous"
+    )
+
+    monkeypatch.setattr(agent_module, "READ_ALLOWANCE", 0.0)
+    tools = isolated_mailbox.agent_tools()
+    first, second = (tools.call("wait_for_message", arguments) for _ in range(2))
+    assert (first["status"], first["reason"]) == (
+        "waiting",
+        "one message carries a code so far; 1 message(s) not looked into in time (large "
+        "ones take long to read), which the next call goes on with",
+    )
+    assert "message_id" not in first
+    assert second["status"] == "ambiguous"
 
 
 @pytest.mark.email_contract(purpose="signup", link_domains=[APP], max_reads=6)

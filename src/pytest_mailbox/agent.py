@@ -84,6 +84,10 @@ MAX_WAIT = 60.0
 #: loop is stopped (``budget_exceeded``), and its evidence, which the receipt carries into
 #: JUnit XML, stays bounded. The budgets cap reads and resends; this caps the rest.
 MAX_CALLS = 200
+#: How long a ``wait_for_message`` may read messages for links or codes, at least (its
+#: ``timeout`` if longer), in seconds: a poll reads ordinary mail whole, and a few huge
+#: messages (up to a second each) are read over several calls.
+READ_ALLOWANCE = 1.0
 
 _FIXTURE_ID = r"^mbx-[0-9a-f]{4,32}$"
 _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
@@ -1053,15 +1057,17 @@ class AgentTools:
         """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""
         if args.timeout and _loop_running():
             log.warning(_BLOCKING_WAIT)
-        deadline = time.monotonic() + args.timeout
+        # Reading stops at the timeout, or after READ_ALLOWANCE, whichever is later: a poll
+        # (timeout=0) still reads ordinary mail whole; a few huge ones cannot hold it long.
+        reading_until = time.monotonic() + max(args.timeout, READ_ALLOWANCE)
         read: list[str] = []  # looked into by this call
-        unread: set[str] = set()  # not looked into by the deadline: the next call goes on
+        unread: set[str] = set()  # not looked into in time: the next call goes on
 
         def carries(message: Message) -> bool:
             key = (message.message_id, args.kind)
             known = self._carrying.get(key)
             if known is None:
-                if read and time.monotonic() > deadline:  # one at least: each call gets on
+                if read and time.monotonic() > reading_until:  # one at least: calls get on
                     unread.add(message.message_id)
                     return False
                 read.append(message.message_id)
@@ -1076,13 +1082,17 @@ class AgentTools:
         if not offered and self._closing.is_set():
             cut = "the wait was cut short: the toolset closed (its server is shutting down)"
             return self._reply(Status.WAITING, _STOP, cut)
+        left = (
+            f"{len(unread)} message(s) not looked into in time (large ones take long to "
+            "read), which the next call goes on with"
+        )
         if not offered:
             waiting = f"no message with a {args.kind} yet"
             if unread:
-                waiting += (
-                    f"; {len(unread)} message(s) not looked into before the timeout (large "
-                    "ones take long to read), which the next call goes on with"
-                )
+                waiting += f"; {left}"
+            return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
+        if unread and len(offered) == 1:  # one of several, maybe: never a guess
+            waiting = f"one message carries a {args.kind} so far; {left}"
             return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
         if len(offered) > 1:
             ids = [row.message_id for row, _ in offered]
