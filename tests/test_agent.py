@@ -1282,6 +1282,32 @@ def test_an_agent_in_a_loop_is_stopped_at_max_calls_and_its_evidence_stays_bound
     ]
 
 
+def test_max_calls_holds_after_the_mailbox_closed_and_across_threads(
+    isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent looping on after "released" is stopped too; calls from several threads (or
+    processes) are counted at once, so no more than MAX_CALLS get through."""
+    monkeypatch.setattr(agent_module, "MAX_CALLS", 20)
+    tools = isolated_mailbox.agent_tools()
+    reserve = {"purpose": isolated_mailbox.purpose, "ttl": 60}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda _: tools.call("reserve_mailbox", reserve), range(32)))
+    assert sorted(a["status"] for a in answers) == ["budget_exceeded"] * 12 + ["reserved"] * 20
+    own = isolated_mailbox.mailbox_id
+    release = {"fixture_id": own, "reason": "released_error"}
+    assert tools.call("release_mailbox", release)["status"] == "budget_exceeded"
+    isolated_mailbox.release("released_error")  # closed, and the agent loops on
+    for _ in range(10):
+        assert tools.call("wait_for_message", {"fixture_id": own, "kind": "link"})["status"] == (
+            "budget_exceeded"
+        )
+    # in the order the calls were journaled: the threads' answers interleave
+    assert (
+        sorted(status for _, _, status in trail(isolated_mailbox))
+        == ["budget_exceeded"] + ["reserved"] * 20
+    )
+
+
 @pytest.mark.email_contract(max_reads=10)
 def test_a_wait_for_message_reads_each_message_once_and_stops_at_its_timeout(
     isolated_mailbox: Mailbox, app: SignupApp, monkeypatch: pytest.MonkeyPatch

@@ -420,6 +420,7 @@ class _Journal:
         "CREATE INDEX IF NOT EXISTS evidence_tool ON evidence (mailbox_id, tool, allowed)",
         "CREATE TABLE IF NOT EXISTS bindings (mailbox_id TEXT PRIMARY KEY,"
         " contract TEXT NOT NULL, ttl_max INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS calls (mailbox_id TEXT PRIMARY KEY, made INTEGER NOT NULL)",
     )
 
     def __init__(self, path: Path) -> None:
@@ -491,11 +492,14 @@ class _Journal:
             ).fetchone()
         return row is not None
 
-    def calls(self, mailbox_id: str) -> int:
-        """How many calls on this mailbox have evidence, from every process."""
-        with self._connect() as conn:
+    def call_made(self, mailbox_id: str) -> int:
+        """Count one more call on this mailbox, from any process, atomically: how many
+        calls, this one included (``MAX_CALLS``)."""
+        with self._connect(write=True) as conn:
+            conn.execute("INSERT OR IGNORE INTO calls VALUES (?, 0)", (mailbox_id,))
+            conn.execute("UPDATE calls SET made = made + 1 WHERE mailbox_id = ?", (mailbox_id,))
             (made,) = conn.execute(
-                "SELECT COUNT(*) FROM evidence WHERE mailbox_id = ?", (mailbox_id,)
+                "SELECT made FROM calls WHERE mailbox_id = ?", (mailbox_id,)
             ).fetchone()
         return int(made)
 
@@ -823,20 +827,21 @@ class AgentTools:
 
     def _decide(self, name: str, arguments: Mapping[str, Any] | str | None, call: _Call) -> Answer:
         tool = self._tools.get(name) if isinstance(name, str) else None
-        terminal = self._terminal_now()
-        if terminal is not None:  # nothing to fix: whatever is called, the run is over
+        # First: an agent that loops on after the mailbox closed is stopped here too.
+        made = self._journal.call_made(self.mailbox.mailbox_id)
+        if made > MAX_CALLS:
             call.steps.append("rejected")
-            return terminal
-        made = self._journal.calls(self.mailbox.mailbox_id)
-        if made >= MAX_CALLS:
-            call.steps.append("rejected")
-            call.quiet = made > MAX_CALLS
+            call.quiet = made > MAX_CALLS + 1  # the first refusal is journaled: it says why
             reason = (
                 f"this run's tools answered {MAX_CALLS} calls, the most a run gets "
                 "(MAX_CALLS): an agent in a loop, most likely; the harness decides what "
                 "comes next"
             )
             return self._reply(Status.BUDGET_EXCEEDED, _STOP, reason)
+        terminal = self._terminal_now()
+        if terminal is not None:  # nothing to fix: whatever is called, the run is over
+            call.steps.append("rejected")
+            return terminal
         if tool is None:
             call.steps.append("rejected")
             tools = ", ".join(self._tools)
