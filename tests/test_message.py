@@ -1075,6 +1075,11 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
             "483\u202f920, 483\u2009920, 483\u200b920, 483.920",
             "•••\u202f•20, •••\u2009•20, •••\u200b•20, •••.•20",
         ),
+        # a dot joins two groups of three only: not an address, a date, a version, a phone
+        (
+            "Login from 192.168.1.1 or 10.20.30.40 on 12.03.26, v10.20.30, 555.123.4567",
+            "Login from 192.168.1.1 or 10.20.30.40 on 12.03.26, v10.20.30, 555.123.••67",
+        ),
         ("Your code is 483 920 175, or 123-456-789", "Your code is ••• ••• •75, or •••-•••-•89"),
         # the leading groups of one length, whatever number or date follows them
         ("Code 483 920 2026-12-03, 483 920 10 min", "Code ••• •20 2026-12-03, ••• •20 10 min"),
