@@ -237,13 +237,14 @@ def _untokened_host(netloc: str, host: str) -> str:
 
 
 #: A host label that holds a code (``483920.app.example.test``, ``tenant-48291.app.test``,
-#: ``k7q9x2.app.example.test``): four digits or more between dashes, or 5–15 letters and
+#: ``k7q9x2.app.example.test``): five digits or more between dashes, or 5–15 letters and
 #: digits mixed as random text mixes them (three digits or more, two letters, no four
-#: letters in a row). An address's label (``127``), a name's number (``web01``, ``cdn77``,
-#: ``springpromo2026launch``) stays.
+#: letters in a row, not letters then digits). An address's label (``127``), a name's
+#: number (``web001``, ``lb1234``, ``pr-1234``, ``promo-2026``, ``springpromo2026launch``)
+#: stays.
 _CODE_LABEL = re.compile(
-    r"(?:[a-z0-9]*-)*\d{4,}(?:-[a-z0-9]*)*"
-    r"|(?=(?:[a-z]*\d){3})(?=(?:\d*[a-z]){2})(?!.*[a-z]{4})[a-z0-9]{5,15}"
+    r"(?:[a-z0-9]*-)*\d{5,}(?:-[a-z0-9]*)*"
+    r"|(?![a-z]+\d+$)(?=(?:[a-z]*\d){3})(?=(?:\d*[a-z]){2})(?!.*[a-z]{4})[a-z0-9]{5,15}"
 )
 
 
