@@ -490,6 +490,10 @@ def test_the_default_code_is_not_a_digit_run_of_a_link_or_a_token() -> None:
     )
     assert plain(body, subject="Reset 4417a").code() == "583927"
     assert plain("認証コードは482913です", subject="コード").code() == "482913"  # CJK around it
+    # Digits glued to a word count when nothing else does: an HTML body's inline tags
+    # leave them so (Code<b>482913</b> reads Code482913).
+    glued = Message(build(html="<p>Code<strong>482913</strong></p><p>lautet:482913Bitte</p>"))
+    assert glued.code() == "482913"
     # A pattern of the test's own still looks inside links.
     assert plain(body).code(pattern=r"reset/(\d+)") == "58203917"
 

@@ -34,11 +34,14 @@ from pytest_mailbox.vocabulary import digest
 
 __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "redact_url"]
 
-#: Four to eight digits not touching other digits: what ``code()`` looks for by default.
 #: Four to eight digits standing alone: not part of a longer number, nor of a word of
 #: ASCII letters and digits (a token's ``a1b23456c``). Links are taken out of the text
 #: before it is searched (``Message.code``): a link's token holds digit runs at random.
 DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])\d{4,8}(?![\dA-Za-z_])"
+#: Looked for only when the default finds nothing: four to eight digits not touching other
+#: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
+#: reads ``Code482913``). Outside links too.
+_GLUED_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
 
 #: A header value longer than this is not decoded: the standard library's parser takes
 #: time that grows with the square of a value made of encoded words (0.4 MiB of them held
@@ -1399,6 +1402,29 @@ class Message:
         )
         raise ExtractionError(msg, result=result)
 
+    def _codes(self, source: str, texts: tuple[str, ...], *, given: bool) -> dict[str, None]:
+        """The distinct values ``source`` finds in ``texts`` (group 1 if it has one)."""
+        __tracebackhide__ = True
+        groups = re.compile(source).groups
+        values: dict[str, None] = {}
+        for haystack in texts:
+            try:
+                found = regex_finditer(source, haystack)
+            except SlowSearch:
+                msg = slow_search_text("code(pattern", f"{_show(source)})", len(haystack))
+                if not given:  # not backtracking: a text of numbers, too many to read
+                    msg = (
+                        f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a "
+                        f"text of {len(haystack):,} characters; pass pattern= with what "
+                        'stands around the code, e.g. pattern=r"code: (\\d{6})"'
+                    )
+                raise ExtractionError(msg, result={"message_id": self.message_id}) from None
+            for match in found:
+                value = match.group(1) if groups else match.group()
+                if value:
+                    values.setdefault(value, None)
+        return values
+
     def code(self, pattern: str | None = None) -> str:
         """The one distinct code matching ``pattern`` (group 1 if it has one) in body or subject.
 
@@ -1417,27 +1443,14 @@ class Message:
         if problem is not None:
             msg = f"code(pattern={_show(source)}) is refused: {problem}"
             raise ExtractionError(msg, result={"message_id": self.message_id})
-        groups = re.compile(source).groups
-        values: dict[str, None] = {}
-        for text in (self.body_text, self.subject):
-            # The default looks outside links only; a pattern of the test's own may aim
-            # inside one (pattern=r"code=(\d+)").
-            haystack = text if pattern is not None else _URL_IN_TEXT.sub(" ", text)
-            try:
-                found = regex_finditer(source, haystack)
-            except SlowSearch:
-                msg = slow_search_text("code(pattern", f"{_show(source)})", len(haystack))
-                if pattern is None:  # not backtracking: a text of numbers, too many to read
-                    msg = (
-                        f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a "
-                        f"text of {len(haystack):,} characters; pass pattern= with what "
-                        'stands around the code, e.g. pattern=r"code: (\\d{6})"'
-                    )
-                raise ExtractionError(msg, result={"message_id": self.message_id}) from None
-            for match in found:
-                value = match.group(1) if groups else match.group()
-                if value:
-                    values.setdefault(value, None)
+        # The default looks outside links only; a pattern of the test's own may aim inside
+        # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
+        texts: tuple[str, ...] = (self.body_text, self.subject)
+        if pattern is None:
+            texts = tuple(_URL_IN_TEXT.sub(" ", text) for text in texts)
+        values = self._codes(source, texts, given=pattern is not None)
+        if not values and pattern is None:
+            values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
         result: dict[str, Any] = {
             "message_id": self.message_id,
             "kind": "code",
