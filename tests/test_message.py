@@ -429,8 +429,12 @@ def test_a_domain_with_a_port_takes_only_links_on_that_port(domain: str) -> None
     on_444 = "http://app.example.test:444/verify?token=Zk3Pq9Wm2Lx"
     assert plain(f"{VERIFY}\n{on_444}\n").link(domain=domain) == on_444
     assert plain(on_444).link(domain="app.example.test") == on_444  # no port: any port
-    with pytest.raises(ExtractionError, match=r"its port is not a number"):
-        plain(VERIFY).link(domain="app.example.test:https")
+    for bad in ("app.example.test:https", "localhost:99999"):
+        with pytest.raises(ExtractionError) as refused:
+            plain(VERIFY).link(domain=bad)
+        assert str(refused.value).startswith(
+            f"link(domain={bad!r}): its port is not a port (a number 0..65535)"
+        )
 
 
 def test_link_with_empty_domain_is_an_extraction_error() -> None:

@@ -515,6 +515,11 @@ def test_a_ttl_nobody_gave_is_at_most_ttl_max() -> None:
         "mailbox_ttl_max (the ini key, --mailbox-ttl-max or PYTEST_MAILBOX_TTL_MAX) and "
         "raise ttl"
     )
+    # ttl below its maximum, the lease above it: raising ttl alone cannot do either
+    with pytest.raises(ValueError, match="lower lease, or raise mailbox_ttl_max"):
+        EmailContract(ttl=600, lease=4000).check_limits(ttl_max=3600)
+    with pytest.raises(ValueError, match="a claim cannot outlive its mailbox, lower lease or"):
+        EmailContract(ttl=600, lease=900).check_limits(ttl_max=3600)  # ttl=900 would do
     with pytest.raises(ValueError, match=r"^settings: ttl=300 \(ini mailbox_ttl\) exceeds "):
         Settings.resolve(cli={}, ini={"ttl_max": "20", "ttl": "300"}, env={})
 

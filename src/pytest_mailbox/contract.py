@@ -139,7 +139,7 @@ class EmailContract(BaseModel):
             raise ValueError(msg)
         if self.lease > self.ttl:
             fix = "lower lease or raise ttl"
-            if self.ttl == ttl_max:  # raising ttl alone would be refused as over ttl_max
+            if self.lease > ttl_max:  # no ttl up to ttl_max could hold it
                 fix = f"lower lease, or {raise_max} and raise ttl"
             msg = (
                 f"{source}: lease={self.lease:g}{came('lease')} exceeds ttl={self.ttl}"

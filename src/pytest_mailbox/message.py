@@ -866,6 +866,8 @@ def _port(url: str, *, default: bool = False) -> int | str | None:
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+#: A host and a port as typed (``localhost:99999``): shown as given, nothing to mask.
+_HOST_AND_PORT = re.compile(r"[A-Za-z0-9.-]+:\w+")
 
 
 def _path(url: str) -> str:
@@ -1335,9 +1337,10 @@ class Message:
             wanted = _host(url)
             port = _port(url)
             if wanted and isinstance(port, str):
+                shown = given if _HOST_AND_PORT.fullmatch(given) else mask_copied(given)
                 msg = (
-                    f"link(domain={mask_copied(given)!r}): its port is not a number; give "
-                    "the host alone, or the host and its port ('localhost:8000')"
+                    f"link(domain={shown!r}): its port is not a port (a number 0..65535); "
+                    "give the host alone, or the host and its port ('localhost:8000')"
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             if not wanted:
