@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import smtplib
+import sqlite3
 import string
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from pytest_mailbox import (
     MailboxClosed,
     Receipt,
     Status,
+    StoreError,
 )
 from pytest_mailbox import agent as agent_module
 from pytest_mailbox import message as message_module
@@ -1461,6 +1463,33 @@ def test_a_failing_sender_is_logged_with_its_traceback_for_the_test_author(
     assert record.exc_info is not None
     assert record.exc_info[0] is ConnectionRefusedError
     assert "in broken_sender" in caplog.text  # the traceback, down to the test's own code
+
+
+def test_a_store_that_fails_under_a_call_is_a_provider_error_logged_for_the_author(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A StoreError is no refusal the agent could act on: the harness failed."""
+    store = Store(tmp_path / "store.sqlite3", busy_timeout=0.05)
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="signup"), domain=DOMAIN)
+    tools = box.agent_tools()
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process stopped inside a write
+    release = {"fixture_id": box.mailbox_id, "reason": "released_success"}
+    with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):
+        answer = tools.call("release_mailbox", release)
+    holder.execute("ROLLBACK")
+    holder.close()
+
+    assert (answer["status"], answer["reason"]) == (
+        "provider_error",
+        "the harness failed (StoreError); it decides what happens next",
+    )
+    (record,) = [r for r in caplog.records if r.name == "pytest_mailbox.agent"]
+    assert record.exc_info is not None
+    assert record.exc_info[0] is StoreError
+    assert trail(box) == [("release_mailbox", ["proposed", "allowed", "failed"], "provider_error")]
+    box.close(success=True)
+    store.close()
 
 
 class _Killed(BaseException):

@@ -25,6 +25,7 @@ import pytest
 from storekit import rows
 
 import pytest_mailbox.store as store_module
+from pytest_mailbox import EmailContract, Mailbox
 from pytest_mailbox.errors import StoreError
 from pytest_mailbox.sink import MailSink
 from pytest_mailbox.store import (
@@ -637,15 +638,28 @@ def test_an_interrupt_inside_a_write_rolls_it_back_and_passes_through(tmp_path: 
 
 
 def test_a_store_file_that_is_no_database_is_a_store_error(tmp_path: Path) -> None:
+    """Reads and writes alike: every error of the contract derives from MailboxError."""
     store = Store(tmp_path / "store.sqlite3")
-    store.close()  # its connections go; the next write opens one on what is there now
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="signup"), domain="mailbox.test")
+    store.close()  # its connections go; the next call opens one on what is there now
     for suffix in ("", "-wal", "-shm"):
         Path(f"{store.path}{suffix}").unlink(missing_ok=True)
     store.path.write_bytes(b"not a database " * 512)
 
-    with pytest.raises(StoreError, match="file is not a database") as failed:
-        store.reserve(run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test")
-    assert isinstance(failed.value.__cause__, sqlite3.DatabaseError)
+    calls: dict[str, Callable[[], object]] = {
+        "reserve": lambda: store.reserve(
+            run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test"
+        ),
+        "state": lambda: box.state,
+        "wait_for": lambda: box.wait_for(timeout=0),
+        "checkpoint": box.checkpoint,
+        "receipt": box.receipt,
+        "close": lambda: box.close(success=False),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreError, match="file is not a database") as failed:
+            call()
+        assert isinstance(failed.value.__cause__, sqlite3.DatabaseError), name
     store.close()
 
 

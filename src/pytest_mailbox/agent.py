@@ -57,6 +57,7 @@ from pytest_mailbox.errors import (
     ExtractionError,
     MailboxClosed,
     MailboxError,
+    StoreError,
     WaitTimeout,
 )
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, _loop_running, running_trio
@@ -903,6 +904,8 @@ class AgentTools:
             try:
                 answer = self._adapt(tool, args)
                 call.steps.append("executed")
+            except StoreError:  # not a refusal: the harness failed (call() logs it)
+                raise
             except MailboxError as exc:
                 answer = self._refusal(exc, args, tool)
                 call.steps.append("refused")

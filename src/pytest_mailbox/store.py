@@ -7,6 +7,7 @@ only increases. Nothing here imports pytest.
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import sqlite3
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from filelock import FileLock
 
@@ -342,6 +343,24 @@ class StoreBusy(Exception):
     stop waiting (``give_up``)."""
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _reads(method: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
+    """A read of the store, whose SQLite failure reaches the caller as ``StoreError``
+    (writes are ``_write``'s): every error of the contract derives from ``MailboxError``."""
+
+    @functools.wraps(method)
+    def reading(self: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise self._failed(exc, "nothing was read") from exc
+
+    return reading
+
+
 class Store:
     """A handle on the shared SQLite store; safe to use from several threads."""
 
@@ -556,7 +575,7 @@ class Store:
     def _truncated(self, conn: sqlite3.Connection) -> bool:
         """One try at copying the log back and starting it over; on success, any back-off
         ends. Best effort: busy (a reader in the log), the next writer tries again."""
-        with suppress(sqlite3.OperationalError):
+        with suppress(sqlite3.Error):  # a file that is no database: the write says so
             busy, logged, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             self._checkpointing = bool(busy) and logged == -1  # another held the checkpoint
             if not busy:
@@ -589,6 +608,7 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @_reads
     def data_version(self) -> int:
         """Changes whenever another connection commits: cheap cross-process polling."""
         row = self._conn().execute("PRAGMA data_version").fetchone()
@@ -646,6 +666,7 @@ class Store:
             tx.event(mailbox_id, now, Status.RESERVED, f"{created.address} fence {created.fence}")
             return created, True
 
+    @_reads
     def mailbox(self, mailbox_id: str) -> MailboxRow | None:
         """The mailbox row, reconciled first if it has expired."""
         found = self._mailbox_row(mailbox_id)
@@ -821,11 +842,13 @@ class Store:
             ids.append(message_id)
         return ids
 
+    @_reads
     def checkpoint(self) -> Checkpoint:
         """The current position: later messages have a higher ``seq``."""
         row = self._conn().execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()
         return Checkpoint(seq=int(row[0]), at=self.clock())
 
+    @_reads
     def messages(self, mailbox_id: str) -> list[MessageRow]:
         """Every message routed to the mailbox, oldest first."""
         # Every read takes its rows at once: a cursor left part-read (an exception while
@@ -833,6 +856,7 @@ class Store:
         # that snapshot, and mailboxes reserved after it would not be found.
         return [_message(r) for r in self._conn().execute(_MESSAGES_SQL, (mailbox_id,)).fetchall()]
 
+    @_reads
     def message(self, message_id: str) -> MessageRow | None:
         row = (
             self._conn()
@@ -841,6 +865,7 @@ class Store:
         )
         return None if row is None else _message(row)
 
+    @_reads
     def unrouted(
         self, domain: str | None, *, since: float = 0.0, limit: int = 200
     ) -> list[MessageRow]:
@@ -857,6 +882,7 @@ class Store:
         )
         return [_message(r) for r in reversed(rows)]
 
+    @_reads
     def raw(self, body_id: int) -> bytes:
         """A message's bytes, read from disk on demand."""
         row = (
@@ -881,6 +907,7 @@ class Store:
             tx.event(mailbox_id, now, "fault_armed", f"{stage} answers {reply[:3]} x{times}")
         return None
 
+    @_reads
     def fault_pending(self, alias: str, domain: str, stage: str) -> int | None:
         """The id of a scripted reply still owed at ``stage`` for ``alias@domain``, or None.
 
@@ -898,6 +925,7 @@ class Store:
         )
         return None if row is None else int(row[0])
 
+    @_reads
     def faults_pending(self, alias: str, domain: str) -> frozenset[str]:
         """The stages (``RCPT``, ``DATA``) at which a scripted reply is still owed for
         ``alias@domain``: what a sink asks once per recipient, as it accepts it."""
@@ -962,12 +990,15 @@ class Store:
                 (mailbox_id, message_id, kind, sha256, last2, host, size),
             )
 
+    @_reads
     def secrets(self, mailbox_id: str) -> list[sqlite3.Row]:
         return self._conn().execute(_SECRETS_SQL, (mailbox_id,)).fetchall()
 
+    @_reads
     def events(self, mailbox_id: str) -> list[sqlite3.Row]:
         return self._conn().execute(_EVENTS_SQL, (mailbox_id,)).fetchall()
 
+    @_reads
     def history(self, mailbox_id: str) -> History:
         """The mailbox, its messages, its timeline and its secrets' digests, as of one moment
         (a mail that lands meanwhile is in all of them or in none); reconciled first if the
@@ -1171,6 +1202,7 @@ class Store:
                 self._released(tx, mailbox_id, CloseReason.RELEASED_ERROR, now)
         return orphans
 
+    @_reads
     def mailbox_ids(self, *, owner: str, worker: str, testrun: str) -> list[str]:
         """The mailboxes ``owner`` (a test's node id) reserved in ``worker`` of the pytest
         run ``testrun``, oldest first: two runs given one --basetemp share the file, and
@@ -1182,6 +1214,7 @@ class Store:
         )
         return [str(row[0]) for row in rows.fetchall()]
 
+    @_reads
     def stats(self, testrun: str | None = None) -> dict[str, int]:
         """Counts for the terminal summary: of the pytest run ``testrun`` only, if given
         (unrouted mail belongs to no run, and is counted whole)."""
@@ -1204,6 +1237,7 @@ class Store:
             "unrouted": count("messages", "mailbox_id IS NULL"),
         }
 
+    @_reads
     def other_runs(self, testrun: str) -> bool:
         """Whether another pytest run reserved mailboxes in this store (two runs given one
         ``--basetemp`` at once)."""
