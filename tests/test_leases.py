@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from storekit import DOMAIN, Clock, claim, fence_counter, rows, snapshot
 
+from pytest_mailbox import EmailContract, Mailbox, WaitTimeout
 from pytest_mailbox.contract import CloseReason, Status
 from pytest_mailbox.store import Delivery, MailboxRow, Store
 
@@ -434,6 +435,30 @@ def test_renew_extends_the_lease_under_the_same_fence(store: Store, clock: Clock
     clock.advance(5)  # past the original lease, inside the renewed one
     assert claim(store, mailbox, message_id, holder="run-2").status is Status.ALREADY_CLAIMED
     assert store.ack(message_id, claimed.fence or 0).status is Status.CONSUMED
+
+
+def test_a_wait_looks_again_once_per_lease_whatever_the_store_clock_does(
+    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait wakes when a lease in its way ends, reckoned on the store's clock. One that
+    stands still (a test's fake clock) never lets it end: the wait looked again every
+    millisecond, about 1,700 scans in two seconds, until its deadline."""
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="verify"), domain=DOMAIN)
+    deliver(store, box)  # type: ignore[arg-type]  # a Mailbox has the address fields
+    held = box.wait_for(subject="Verify", timeout=0, lease=30)
+    clock.advance(30 - 0.001)  # a millisecond of the lease left, on a clock that stands still
+    scans: list[int] = []
+    scan = Mailbox._scan
+
+    def counted(self: Mailbox, *args: Any, **kwargs: Any) -> Any:
+        scans.append(1)
+        return scan(self, *args, **kwargs)
+
+    monkeypatch.setattr(Mailbox, "_scan", counted)
+    with pytest.raises(WaitTimeout, match="already claimed by this run"):
+        box.wait_for(subject="Verify", timeout=0.5)
+    assert len(scans) == 3  # the first look, once when the lease should have ended, the last
+    held.ack()
 
 
 def test_renew_never_outlives_the_mailbox(store: Store) -> None:

@@ -430,6 +430,7 @@ class Mailbox:
         deadline = time.monotonic() + timeout
 
         def steps() -> Generator[_Pause, None, list[tuple[MessageRow, Message]]]:
+            woken: set[tuple[str, int | None, float]] = set()
             while True:
                 pause = self._pause_point(deadline)
                 if stop is not None:
@@ -439,7 +440,7 @@ class Mailbox:
                 kept = [(row, message) for row, message in parsed if keep(message)]
                 if kept or pause.remaining() <= 0:
                     return kept
-                yield replace(pause, wake=self._lapse(misses))
+                yield replace(pause, wake=self._lapse(misses, selector, woken))
 
         return self._run(steps())
 
@@ -458,6 +459,7 @@ class Mailbox:
         # if it finds nothing it marks, and looks again from a pause point taken then.
         pause: _Pause | None = None
         looked = self._waited
+        woken: set[tuple[str, int | None, float]] = set()  # the leases it woke for (_lapse)
         while True:
             if looked:
                 pause = self._pause_point(deadline)
@@ -491,7 +493,7 @@ class Mailbox:
                 continue
             if pause.remaining() <= 0:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
-            yield replace(pause, wake=self._lapse(misses))
+            yield replace(pause, wake=self._lapse(misses, chosen, woken))
 
     def _none_steps(self, chosen: Selector, within: float) -> Generator[_Pause, None, None]:
         __tracebackhide__ = True
@@ -513,13 +515,31 @@ class Mailbox:
                 return
             yield pause
 
-    def _lapse(self, misses: list[tuple[MessageRow, str]]) -> float:
-        """When the first live lease among ``misses`` ends (time.monotonic()), or never: a
-        wait looks again then, since an expired claim may be claimed again (a holder that
-        crashed or gave up) and nothing is committed when a lease ends."""
+    def _lapse(
+        self,
+        misses: list[tuple[MessageRow, str]],
+        selector: Selector,
+        woken: set[tuple[str, int | None, float]],
+    ) -> float:
+        """When the first live lease ends that holds a message ``selector`` would take
+        (time.monotonic()), or never: a wait looks again then, since an expired claim may
+        be claimed again (a holder that crashed or gave up) and nothing is committed when a
+        lease ends. Once per lease (``woken``, the wait's own): a store clock that does not
+        move with time (a test's fake one) must not make the wait look again and again."""
         now = self.store.clock()
-        ends = [row.lease_until for row, _ in misses if row.leased(now) and row.lease_until]
-        return time.monotonic() + min(ends) - now if ends else math.inf
+        ends = [
+            (row.lease_until, row.message_id, row.fence)
+            for row, _ in misses
+            if row.leased(now)
+            and row.lease_until is not None
+            and (row.message_id, row.fence, row.lease_until) not in woken
+            and self._selects(row, selector)
+        ]
+        if not ends:
+            return math.inf
+        until, message_id, fence = min(ends)
+        woken.add((message_id, fence, until))
+        return time.monotonic() + until - now
 
     def _pause_point(self, deadline: float) -> _Pause:
         """What the store looks like now, taken before a scan so no commit slips between."""
