@@ -282,6 +282,9 @@ def test_the_receipt_in_junit_carries_the_evidence(pytester: pytest.Pytester) ->
     )
     result = pytester.runpytest("--junitxml=junit.xml")
     result.assert_outcomes(passed=1, failed=2)
+    # the failure's own report says so too, not only the receipt made at teardown
+    unpassed = "released_error: the test did not pass (it was released as released_success"
+    assert result.stdout.str().count(unpassed) == 2
     receipts = {
         case.get("name"): Receipt.model_validate_json(prop.get("value", ""))
         for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")

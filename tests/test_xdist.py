@@ -451,6 +451,35 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     assert sorted(c[0] for c in claims) == ["consumed", "released"]
 
 
+def test_a_crashed_test_that_released_its_mailbox_early_is_no_success(
+    pytester: pytest.Pytester,
+) -> None:
+    """A crash is no pass: a mailbox its test released as released_success before the
+    worker died is released_error in the crash report's receipt, as at any failed test's
+    teardown."""
+    pytester.makepyfile(
+        """
+        import os
+
+        def test_crashes_after_releasing(isolated_mailbox):
+            isolated_mailbox.release()  # released_success, the default
+            os._exit(1)
+        """
+    )
+    result = pytester.runpytest("-n", "1", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    (crashed,) = _junit_receipts(pytester.path / "junit.xml", "test_crashes_after_releasing")
+    assert (crashed.state, crashed.close_reason) == ("released", "released_error")
+    assert [(e.status, e.detail) for e in crashed.events][-2:] == [
+        ("released", "released_success"),
+        (
+            "released",
+            "released_error: the test did not pass (it was released as released_success "
+            "before its end)",
+        ),
+    ]
+
+
 def test_a_crashed_workers_receipt_masks_a_code_it_took_from_inside_a_word(
     pytester: pytest.Pytester,
 ) -> None:

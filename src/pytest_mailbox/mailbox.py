@@ -991,9 +991,17 @@ class Mailbox:
             # Not self.release(): the mailbox may have expired since the check above, and
             # teardown must still leave the receipt (the store's refusal changes nothing).
             self.store.release(self.mailbox_id, self.fence, CloseReason.RELEASED_ERROR)
-        elif row is not None and row.close_reason == CloseReason.RELEASED_SUCCESS.value:
-            self.store.unpassed(self.mailbox_id, self.fence)  # released early, as a success
+        else:
+            self.did_not_pass(row)
         return self.receipt()
+
+    def did_not_pass(self, row: MailboxRow | None = None) -> None:
+        """The test did not pass: a release as ``released_success`` before now (by the
+        test's code, or an agent's ``release_mailbox``) becomes ``released_error``, with a
+        step that says why. A receipt never calls a failed test a success."""
+        row = self.store.mailbox(self.mailbox_id) if row is None else row
+        if row is not None and row.close_reason == CloseReason.RELEASED_SUCCESS.value:
+            self.store.unpassed(self.mailbox_id, self.fence)
 
     def _record_secret(self, message_id: str) -> Callable[[str, str, str | None], None]:
         def record(kind: str, value: str, host: str | None) -> None:

@@ -604,6 +604,7 @@ def pytest_runtest_makereport(
     if report.failed and report.when in ("setup", "call"):
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
+            mailbox.did_not_pass()  # released early as a success: its timeline says otherwise
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
     if not report.passed or report.sections:  # a pass shows its output too: -rP, JUnit, …
         _mask_extracted(report)
@@ -858,12 +859,16 @@ class _CrashReceipts:
                 if mailbox_id not in self.reported
             ]
             contract = config.stash[_settings_key].contract
-            receipts = [
+            mailboxes = [
                 Mailbox(store, row, contract=contract, nodeid=crashitem)
-                .receipt()
-                .model_copy(update={"testrun_uid": testrun_uid})
                 for row in rows
                 if row is not None
+            ]
+            for mailbox in mailboxes:
+                mailbox.did_not_pass()  # a crash is no pass, whatever the test released
+            receipts = [
+                mailbox.receipt().model_copy(update={"testrun_uid": testrun_uid})
+                for mailbox in mailboxes
             ]
         finally:
             store.close()
