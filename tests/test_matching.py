@@ -835,8 +835,13 @@ def test_a_wait_repeated_for_a_message_this_run_holds_says_it_is_in_hand(
         isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)  # a retried step
     assert (
         f"  - {msg.message_id} 'Welcome': already claimed by this run (fence {msg.fence}): "
-        "use the ClaimedMessage that claimed it, or release() it first"
+        "its holder (a ClaimedMessage of the test, or the agent's claim) acks or releases it"
     ) in str(caught.value).splitlines()
+    with pytest.raises(WaitTimeout) as other:  # not this wait's message anyway: that is why
+        isolated_mailbox.wait_for(subject="Your receipt", timeout=SHORT)
+    assert (f"  - {msg.message_id} 'Welcome': subject is not 'Your receipt'") in str(
+        other.value
+    ).splitlines()
 
 
 @pytest.mark.email_contract(ttl=30)

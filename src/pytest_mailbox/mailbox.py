@@ -740,9 +740,11 @@ class Mailbox:
                 return f"already consumed (fence {row.fence})"
             if row.leased(now):
                 if row.holder == self.run_id:  # a wait_for repeated, say: the claim is in hand
-                    return (
-                        f"already claimed by this run (fence {row.fence}): use the "
-                        "ClaimedMessage that claimed it, or release() it first"
+                    # The hint only for a message this wait would take; else why it would not.
+                    content = self._content_reason(row, selector)
+                    return content or (
+                        f"already claimed by this run (fence {row.fence}): its holder (a "
+                        "ClaimedMessage of the test, or the agent's claim) acks or releases it"
                     )
                 return f"already claimed by run {row.holder} (fence {row.fence})"
         return self._content_reason(row, selector)
