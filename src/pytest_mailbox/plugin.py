@@ -821,10 +821,13 @@ class _CrashReceipts:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.reported: set[str] = set()  # the mailbox ids of the receipts reports brought
+        self.passed: set[str] = set()  # the tests whose call passed (their teardown may crash)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "teardown":
             self.reported.update(mailbox_id for _, mailbox_id in _receipts_of(report))
+        elif report.when == "call" and report.passed and type(report) is pytest.TestReport:
+            self.passed.add(report.nodeid)  # its own report: a subtest's passing says less
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(
@@ -864,8 +867,9 @@ class _CrashReceipts:
                 for row in rows
                 if row is not None
             ]
-            for mailbox in mailboxes:
-                mailbox.did_not_pass()  # a crash is no pass, whatever the test released
+            if crashitem not in self.passed:  # a crash before its call passed is no pass
+                for mailbox in mailboxes:
+                    mailbox.did_not_pass()
             receipts = [
                 mailbox.receipt().model_copy(update={"testrun_uid": testrun_uid})
                 for mailbox in mailboxes
