@@ -1487,9 +1487,13 @@ def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
     conn = sqlite3.connect(
         path, timeout=SETUP_TIMEOUT, isolation_level=None, check_same_thread=False
     )
-    conn.execute("PRAGMA synchronous=OFF")
-    conn.execute("PRAGMA wal_autocheckpoint=0")  # the _Checkpointer does it
-    conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+    try:
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # the _Checkpointer does it
+        conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+    except BaseException:  # a file that is no database: no one else would close it
+        conn.close()
+        raise
     return conn
 
 
