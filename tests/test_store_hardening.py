@@ -638,6 +638,16 @@ def test_an_interrupt_inside_a_write_rolls_it_back_and_passes_through(tmp_path: 
     store.close()
 
 
+def test_opening_a_file_that_is_no_database_is_a_store_error_and_leaves_nothing_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.sqlite3"
+    path.write_bytes(b"not a database " * 512)
+    with pytest.raises(StoreError, match=r"file is not a database.*; no store was opened$"):
+        Store(path)
+    gc.collect()  # no connection left for the collector (Python 3.13 warns: -W error)
+
+
 def test_a_store_file_that_is_no_database_is_a_store_error(tmp_path: Path) -> None:
     """Reads and writes alike: every error of the contract derives from MailboxError."""
     store = Store(tmp_path / "store.sqlite3")

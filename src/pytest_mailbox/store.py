@@ -400,6 +400,16 @@ class Store:
         self._checkpointing = False  # the last try at truncating found a checkpoint running
         self._checkpointer: _Checkpointer | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._open()
+        except BaseException as exc:  # no handle to close its connections afterwards
+            self.close()
+            if isinstance(exc, sqlite3.Error):
+                raise self._failed(exc, "no store was opened") from exc
+            raise
+
+    def _open(self) -> None:
+        """Create or migrate the schema, and read the digests' key."""
         with FileLock(str(self.path) + ".lock"):
             conn = self._conn()
             conn.execute("PRAGMA journal_mode=WAL")
