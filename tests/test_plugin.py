@@ -1520,6 +1520,38 @@ def test_receipts_cli_prints_a_table(pytester: pytest.Pytester) -> None:
     assert all("released_success" in line for line in lines[2:-1])
 
 
+def test_receipts_are_read_back_whatever_their_subject_holds_and_behind_a_bom(
+    pytester: pytest.Pytester,
+) -> None:
+    """JSON leaves U+0085, U+2028 and U+2029 as they are, and str.splitlines() broke a
+    JSON Lines receipt at them (a cp1252 "…" sent as iso-8859-1 decodes to U+0085); a
+    tool that re-saves a file may put a byte-order mark before it."""
+    pytester.makepyfile(
+        """
+        import smtplib
+
+        def test_odd_subject(isolated_mailbox, mailbox_server):
+            to = isolated_mailbox.address
+            subject = "=?utf-8?q?Verify=C2=85_now=E2=80=A8or=E2=80=A9later?="
+            head = f"From: app@example.test\\r\\nTo: {to}\\r\\nSubject: {subject}\\r\\n"
+            raw = head + "\\r\\nhi\\r\\n"
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                smtp.sendmail("app@example.test", [to], raw.encode())
+            isolated_mailbox.wait_for(subject_contains="Verify").ack()
+        """
+    )
+    pytester.runpytest("--junitxml=junit.xml", "--mailbox-receipts=r.jsonl").assert_outcomes(
+        passed=1
+    )
+    for name in ("r.jsonl", "junit.xml"):
+        written = pytester.path / name
+        bom = pytester.path / f"bom-{name}"
+        bom.write_bytes(b"\xef\xbb\xbf" + written.read_bytes())
+        for path in (written, bom):
+            (receipt,) = read_receipts(path)
+            assert [m.subject for m in receipt.messages] == ["Verify\x85 now\u2028or\u2029later"]
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

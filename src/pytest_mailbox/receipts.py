@@ -46,7 +46,7 @@ def read_receipts(path: str | Path) -> list[Receipt]:
     from pytest_mailbox.contract import Receipt  # noqa: PLC0415 - see TYPE_CHECKING above
 
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # a BOM a tool that re-saved it may add
     if text.lstrip().startswith("<"):
         root = ET.fromstring(text)
         parsed = (
@@ -55,7 +55,9 @@ def read_receipts(path: str | Path) -> list[Receipt]:
             if prop.get("name") == RECEIPT_PROPERTY
         )
         return [receipt for receipt in parsed if receipt is not None]
-    return [Receipt.model_validate_json(line) for line in text.splitlines() if line.strip()]
+    # Lines end at "\n" only: a subject may hold U+0085, U+2028 or U+2029, which JSON
+    # leaves as they are and str.splitlines() would break a line at.
+    return [Receipt.model_validate_json(line) for line in text.split("\n") if line.strip()]
 
 
 def format_table(receipts: Iterable[Receipt]) -> str:
