@@ -474,6 +474,34 @@ def test_bare_lf_mail_over_max_size_gets_552_in_bounded_memory(
     client.close()
 
 
+def test_a_data_line_with_no_line_break_at_all_gets_552_in_bounded_memory(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    """No LF at all (an app's unwrapped base64, or a hostile client): aiosmtpd's own read
+    kept every byte until a CRLF came, 40 MiB for a 40 MiB line, whatever the limit."""
+    sink = make_sink(max_message_size=4096)
+    client = Client(sink)
+    mailbox = reserve(sink)
+    client.envelope(angle(mailbox))
+    chunk = b"x" * 65536 + b"\r"  # a CR at a piece's end: never read as a line's end
+
+    def send() -> bytes:
+        client.send(b"Subject: big\r\n\r\n")
+        for _ in range(256):  # 16 MiB, one line
+            client.send(chunk)
+        client.send(b"\r\n.\r\n")
+        return client.reply()
+
+    reply, peak = _with_peak_memory(send)
+
+    assert reply == b"552 Error: Too much mail data\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert stored(sink) == 0
+    # a few of the socket's reads at a time (each up to 256 KiB), not the line
+    assert peak < 4 * 1024 * 1024
+    client.close()
+
+
 def test_message_over_max_size_gets_552_and_nothing_stored(
     make_sink: Callable[..., MailSink],
 ) -> None:

@@ -298,13 +298,18 @@ class _Reader(asyncio.StreamReader):
         return bytes(line)
 
     async def _piece(self) -> bytes:
-        """Up to the next LF. Past the stream limit, the overrun is aiosmtpd's own read's:
-        what it lets aiosmtpd drain never ends between the CR and the LF of a CRLF, which
-        would leave the next line, ``.`` and its CRLF, read as the end of this one."""
+        """Up to the next LF, or, with none within the stream limit, what is there: a line
+        with no line break at all is read in pieces too, which ``_data_line`` drops past
+        ``data_limit`` (aiosmtpd's own read kept all of it, a 200 MB line in memory). A
+        piece never ends between the CR and the LF of a CRLF: the CR is left for the next
+        one, so ``.`` and its CRLF on the next line are never read as this one's end."""
         try:
             return await super().readuntil(b"\n")
-        except asyncio.LimitOverrunError:
-            return await super().readuntil(b"\r\n")
+        except asyncio.LimitOverrunError as exc:
+            # All that is buffered, with no LF in it: StreamReader's buffer, as in every
+            # Python this runs on, only looked at for its last byte (no copy).
+            last = self._buffer[exc.consumed - 1]  # type: ignore[attr-defined]
+            return await self.readexactly(exc.consumed - (last == ord("\r")))
 
 
 class _Protocol(SMTP):
