@@ -502,6 +502,27 @@ def test_a_data_line_with_no_line_break_at_all_gets_552_in_bounded_memory(
     client.close()
 
 
+def test_a_header_section_past_its_limit_gets_552_and_nothing_stored(
+    sink: MailSink, client: Client
+) -> None:
+    """The sink parses the header section on its event loop before the 250: a long one of
+    non-ASCII folded lines took about a second a MiB, and every client waited for it."""
+    mailbox = reserve(sink)
+    pad = b"X-Pad: " + "\u00e9".encode() * 400 + b"\r\n"  # 807 octets, 8-bit
+    over = pad * (sink_module.HEADER_LIMIT // len(pad) + 1)
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: big\r\n" + over + b"\r\nbody\r\n.\r\n")
+    assert client.reply() == (
+        b"552 5.3.4 Message header section too big (over 256 KiB); nothing was stored\r\n"
+    )
+    assert stored(sink) == 0
+    under = pad * (sink_module.HEADER_LIMIT // len(pad) - 1)  # a large body is no matter
+    client.envelope(angle(mailbox))
+    client.send(b"Subject: big\r\n" + under + b"\r\n" + b"body\r\n" * 50_000 + b".\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert stored(sink) == 1
+
+
 def test_message_over_max_size_gets_552_and_nothing_stored(
     make_sink: Callable[..., MailSink],
 ) -> None:
