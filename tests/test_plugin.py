@@ -971,6 +971,45 @@ def test_a_forked_child_lets_go_of_the_lock_and_the_parent_keeps_it(
     assert receipts.read_text() == ""
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_fixture_teardown_that_fails_after_the_mailbox_closed_is_no_success(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The call passed, the mailbox's teardown released it as released_success, then a
+    fixture's teardown failed: pytest counts an error, and the receipt (JUnit, JSON Lines)
+    and the report's mailbox section now say released_error too."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture
+        def cleanup_after(isolated_mailbox):  # torn down before the mailbox
+            yield
+            raise RuntimeError("cleanup failed")
+
+        @pytest.fixture
+        def cleanup_before():  # torn down after the mailbox
+            yield
+            raise RuntimeError("cleanup failed")
+
+        def test_torn_down_first(isolated_mailbox, cleanup_after):
+            pass
+
+        def test_torn_down_last(cleanup_before, isolated_mailbox):
+            pass
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl")
+    result.assert_outcomes(passed=2, errors=2)
+    for path in ("junit.xml", "r.jsonl"):
+        receipts = read_receipts(pytester.path / path)
+        assert sorted((r.nodeid.split("::")[1], r.close_reason) for r in receipts) == [
+            ("test_torn_down_first", "released_error"),
+            ("test_torn_down_last", "released_error"),
+        ]
+    assert result.stdout.str().count("released_error: the test did not pass") == 2
+
+
 def test_a_refusals_traceback_ends_at_the_tests_own_line(pytester: pytest.Pytester) -> None:
     """contract.md: "its traceback ends at the test's own line", for every misuse the
     mailbox refuses, not only the waits: no frame of the plugin is shown."""

@@ -546,11 +546,14 @@ def test_a_worker_killed_after_the_mailbox_teardown_still_leaves_its_receipt(
     result = pytester.runpytest(
         "-n", "2", "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
     )
-    # its call passed and was reported; then the crash report fails it
+    # its call passed and was reported; then the crash report fails it, and its receipt:
+    # a crash is no pass, even in a teardown after the mailbox's own
     result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines(["*crashed*", "*- mailbox -*", "*released*released_success"])
+    result.stdout.fnmatch_lines(
+        ["*crashed*", "*- mailbox -*", "*released*released_success", "*released_error: the test*"]
+    )
     died = _junit_receipts(pytester.path / "junit.xml", "test_dies_after")
-    assert [(r.state, r.close_reason) for r in died] == [("released", "released_success")]
+    assert [(r.state, r.close_reason) for r in died] == [("released", "released_error")]
     assert [m.state for m in died[0].messages] == ["consumed"]
     assert "orphaned" not in [e.status for e in died[0].events]  # released, not expired
     # one receipt per mailbox: the two passing tests' receipts are not repeated

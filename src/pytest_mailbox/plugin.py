@@ -44,6 +44,9 @@ _INI_TYPE: Any = (str | int | float) if pytest.version_tuple >= (9, 2) else "str
 _store_path_key = pytest.StashKey[Path]()
 _signal_key = pytest.StashKey[Signal]()
 _mailboxes_key = pytest.StashKey["list[Mailbox]"]()
+#: This attempt's mailboxes closed at their teardown, with the receipt property each left,
+#: until the teardown's report: a later fixture's teardown may still fail the test.
+_closed_key = pytest.StashKey["list[tuple[Mailbox, tuple[str, str]]]"]()
 _failed_key = pytest.StashKey[bool]()
 _passed_key = pytest.StashKey[bool]()
 _in_call_key = pytest.StashKey[bool]()
@@ -426,7 +429,7 @@ class _Fixtures:
         attached = (RECEIPT_PROPERTY, dump_receipt(receipt))
         item.user_properties.append(attached)
         item.stash.setdefault(_attached_key, []).append(attached)
-        # pytest keeps every item to the end of the session; the receipt is all that stays.
+        item.stash.setdefault(_closed_key, []).append((mailbox, attached))
         opened.remove(mailbox)
 
 
@@ -606,9 +609,35 @@ def pytest_runtest_makereport(
         for mailbox in item.stash.get(_mailboxes_key, []):
             mailbox.did_not_pass()  # released early as a success: its timeline says otherwise
             report.sections.append(("mailbox", mailbox.receipt().timeline()))
+    if report.when == "teardown":
+        # pytest keeps every item to the end of the session: the receipts are all that stay.
+        closed, item.stash[_closed_key] = item.stash.get(_closed_key, []), []
+        if report.failed:  # a later fixture's teardown failed the test after its mailbox
+            _teardown_failed(item, report, closed)
     if not report.passed or report.sections:  # a pass shows its output too: -rP, JUnit, …
         _mask_extracted(report)
     return report
+
+
+def _teardown_failed(
+    item: pytest.Item, report: pytest.TestReport, closed: list[tuple[Mailbox, tuple[str, str]]]
+) -> None:
+    """A teardown that failed after the mailboxes closed: the test did not pass, so their
+    receipts (already in the report) become ``released_error``, and its report shows their
+    timelines, as a failed call's does."""
+    from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
+
+    for mailbox, attached in closed:
+        mailbox.did_not_pass()
+        receipt = mailbox.receipt().model_copy(
+            update={"testrun_uid": item.config.stash[_testrun_key]}
+        )
+        now = (RECEIPT_PROPERTY, dump_receipt(receipt))
+        for properties in (report.user_properties, item.user_properties):
+            properties[:] = [now if p is attached else p for p in properties]
+        attached_now = item.stash.get(_attached_key, [])
+        attached_now[:] = [now if p is attached else p for p in attached_now]
+        report.sections.append(("mailbox", receipt.timeline()))
 
 
 class _ShownOutput:
@@ -821,13 +850,10 @@ class _CrashReceipts:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.reported: set[str] = set()  # the mailbox ids of the receipts reports brought
-        self.passed: set[str] = set()  # the tests whose call passed (their teardown may crash)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "teardown":
             self.reported.update(mailbox_id for _, mailbox_id in _receipts_of(report))
-        elif report.when == "call" and report.passed and type(report) is pytest.TestReport:
-            self.passed.add(report.nodeid)  # its own report: a subtest's passing says less
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(
@@ -867,9 +893,8 @@ class _CrashReceipts:
                 for row in rows
                 if row is not None
             ]
-            if crashitem not in self.passed:  # a crash before its call passed is no pass
-                for mailbox in mailboxes:
-                    mailbox.did_not_pass()
+            for mailbox in mailboxes:  # a crash is no pass, even in a later teardown
+                mailbox.did_not_pass()
             receipts = [
                 mailbox.receipt().model_copy(update={"testrun_uid": testrun_uid})
                 for mailbox in mailboxes
