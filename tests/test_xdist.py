@@ -480,6 +480,37 @@ def test_a_crashed_test_that_released_its_mailbox_early_is_no_success(
     ]
 
 
+def test_a_crashed_attempt_marked_rerun_keeps_its_receipt_on_a_named_testcase(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest-rerunfailures marks a crash report "rerun" (as the conftest here does, in
+    brief), which JUnit never records: the receipt the crash report carried was written on
+    a <testcase> with no name."""
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_handlecrashitem(crashitem, report, sched):
+            report.outcome = "rerun"  # what pytest-rerunfailures does before rescheduling
+        """
+    )
+    pytester.makepyfile(
+        """
+        import os
+
+        def test_crashes(isolated_mailbox):
+            os._exit(3)
+        """
+    )
+    pytester.runpytest("-n", "1", "--junitxml=junit.xml")
+    cases = list(ET.parse(pytester.path / "junit.xml").getroot().iter("testcase"))
+    assert cases
+    assert all(case.get("name") == "test_crashes" for case in cases)
+    (receipt,) = _junit_receipts(pytester.path / "junit.xml", "test_crashes")
+    assert receipt.close_reason == "released_error"
+
+
 def test_a_crashed_workers_receipt_masks_a_code_it_took_from_inside_a_word(
     pytester: pytest.Pytester,
 ) -> None:

@@ -907,7 +907,11 @@ class _CrashReceipts:
             report.user_properties.append((RECEIPT_PROPERTY, value))
             report.sections.append(("mailbox", receipt.timeline()))
             if junit is not None:
-                junit.node_reporter(report).add_property(RECEIPT_PROPERTY, value)
+                reporter = junit.node_reporter(report)
+                # Named now: a report pytest-rerunfailures marked "rerun" is one JUnit never
+                # records, and its <testcase> would be written with no name at all.
+                reporter.record_testreport(report)
+                reporter.add_property(RECEIPT_PROPERTY, value)
 
 
 def pytest_terminal_summary(
