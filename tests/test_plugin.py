@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -969,6 +970,27 @@ def test_a_forked_child_lets_go_of_the_lock_and_the_parent_keeps_it(
         run.flush()
         assert plugin._lock(other)  # only the "child's" descriptor held it
     assert receipts.read_text() == ""
+
+
+def test_without_pytests_tmpdir_plugin_a_run_without_mailboxes_passes_and_one_with_is_told(
+    pytester: pytest.Pytester,
+) -> None:
+    """-p no:tmpdir took the basetemp the store lives in: every run crashed at its end,
+    mail tests or not (AttributeError), and a fixed port was an INTERNALERROR."""
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    for workers in ("0", "2"):
+        result = pytester.runpytest_subprocess("-p", "no:tmpdir", "-n", workers)
+        assert (result.ret, result.parseoutcomes()) == (0, {"passed": 1})
+    pytester.makepyfile(test_mail="def test_mail(isolated_mailbox):\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:tmpdir", "test_mail.py")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*pytest-mailbox keeps its store in pytest's basetemp*"])
+    with socket.socket() as sock:  # a fixed port: its sink's store is opened at the start
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+    fixed = pytester.runpytest_subprocess("-p", "no:tmpdir", f"--mailbox-port={free}")
+    assert fixed.ret == pytest.ExitCode.USAGE_ERROR
+    fixed.stderr.fnmatch_lines(["*pytest-mailbox keeps its store in pytest's basetemp*"])
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])

@@ -244,8 +244,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         except SinkError as exc:
             raise pytest.UsageError(str(exc)) from None
         return
-    factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-    path = store_path(config, factory)
+    path = store_path(config, _needed_tmp_path_factory(config))
     config.stash[_store_path_key] = path
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
@@ -256,6 +255,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         sink.store.close()
         raise pytest.UsageError(str(exc)) from None
     config.stash[_fixed_sink_key] = sink
+
+
+def _tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory | None:
+    """pytest's basetemp, where the run's store lives; None under ``-p no:tmpdir``."""
+    factory: pytest.TempPathFactory | None = getattr(config, "_tmp_path_factory", None)
+    return factory
+
+
+def _needed_tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory:
+    """pytest's basetemp, or a usage error that names the fix."""
+    factory = _tmp_path_factory(config)
+    if factory is None:
+        msg = (
+            "pytest-mailbox keeps its store in pytest's basetemp, which -p no:tmpdir turns "
+            "off: drop -p no:tmpdir, or pass -p no:mailbox for a run without mailboxes"
+        )
+        raise pytest.UsageError(msg)
+    return factory
 
 
 @pytest.hookimpl(trylast=True)
@@ -272,8 +289,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = config.stash.get(_store_path_key, None)
     if path is None and _is_controller(config):
         # xdist created the basetemp that its workers share; their store lives there.
-        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-        path = store_path(config, factory)
+        factory = _tmp_path_factory(config)
+        path = None if factory is None else store_path(config, factory)
     if path is None or not path.exists():
         return
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
@@ -353,8 +370,7 @@ class _Fixtures:
     def mailbox_store(self) -> Iterator[Store]:
         """The run's shared store (SQLite, WAL), reconciled when the session starts and ends."""
         config = self.config
-        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-        path = store_path(config, factory)
+        path = store_path(config, _needed_tmp_path_factory(config))
         config.stash[_store_path_key] = path
         from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
@@ -860,9 +876,9 @@ class _CrashReceipts:
         self, crashitem: str, report: pytest.TestReport, sched: object
     ) -> None:
         config = self.config
-        factory: pytest.TempPathFactory = config._tmp_path_factory  # type: ignore[attr-defined]
-        path = store_path(config, factory)
-        if not path.exists():
+        factory = _tmp_path_factory(config)
+        path = None if factory is None else store_path(config, factory)
+        if path is None or not path.exists():
             return
         node = getattr(report, "node", None)
         worker = str(getattr(getattr(node, "gateway", None), "id", ""))
