@@ -993,6 +993,39 @@ def test_without_pytests_tmpdir_plugin_a_run_without_mailboxes_passes_and_one_wi
     fixed.stderr.fnmatch_lines(["*pytest-mailbox keeps its store in pytest's basetemp*"])
 
 
+@pytest.mark.parametrize("policy", ["failed", "none"])
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_summary_line_outlives_a_basetemp_removed_at_the_end(
+    pytester: pytest.Pytester, workers: str, policy: str
+) -> None:
+    """tmp_path_retention_policy removes the basetemp (the store in it) at the session's
+    end, in pytest's own sessionfinish, which ran before the plugin's: no summary line,
+    and no end-of-run close of what a crashed worker left open."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_one(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+        """
+    )
+    # Not pytester's runpytest: it gives every run --basetemp, which pytest never removes.
+    result = pytester.run(
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        workers,
+        "-o",
+        f"tmp_path_retention_policy={policy}",
+        timeout=300,
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["mailbox: 1 reserved, 1 received, 1 claimed, 1 consumed, *"])
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_fixture_teardown_that_fails_after_the_mailbox_closed_is_no_success(
     pytester: pytest.Pytester, workers: str

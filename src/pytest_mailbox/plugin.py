@@ -275,10 +275,12 @@ def _needed_tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory:
     return factory
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Every test is over: stop the fixed-port sink; close what this run left open (a
-    crashed worker's mailboxes: ``orphaned``, then ``released_error``, or ``expired``)."""
+    crashed worker's mailboxes: ``orphaned``, then ``released_error``, or ``expired``).
+    First: pytest's tmpdir plugin may remove the basetemp, store included, in its own
+    (``tmp_path_retention_policy = "failed"`` after a run that passed)."""
     config = session.config
     sink = config.stash.get(_fixed_sink_key, None)
     if sink is not None:
