@@ -648,7 +648,7 @@ def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
                 "lease": None,
             },
             "invalid arguments for claim_message: "
-            "selector: Value error, give message_id or subject_contains, not both",
+            "selector: give message_id or subject_contains, not both",
         ),
         (
             "ack_message",

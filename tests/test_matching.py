@@ -139,7 +139,7 @@ def test_received_after_that_is_no_point_in_time_is_refused_not_read_as_any_time
         isolated_mailbox.wait_for(received_after=after, timeout=SHORT)
 
     assert str(caught.value) == (
-        f"selector: received_after={after!r} is invalid: Value error, {why} (allowed: a "
+        f"selector: received_after={after!r} is invalid: {why} (allowed: a "
         "checkpoint(), a datetime with a time zone or a finite POSIX timestamp)"
     )
     assert "claimed" not in [event.status for event in isolated_mailbox.receipt().events]

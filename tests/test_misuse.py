@@ -128,7 +128,7 @@ def test_unknown_mailbox_ini_key_and_env_variable_are_refused() -> None:
 
 
 MARKER_MISUSE = {
-    "ttl=True": "email_contract: ttl=True is invalid: Value error, Input should be a number, "
+    "ttl=True": "email_contract: ttl=True is invalid: Input should be a number, "
     "not a bool (allowed: whole seconds, 1..mailbox_ttl_max)",
     "lease=float('inf')": "email_contract: lease=inf is invalid: Input should be a finite number "
     "(allowed: seconds > 0, at most ttl)",

@@ -632,7 +632,7 @@ def _problems(tool: str, exc: Exception) -> str:
         if error["type"] == "extra_forbidden":
             problems.append(f"unknown field {where!r}")
         else:
-            problems.append(f"{where}: {error['msg']}")
+            problems.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
     return f"invalid arguments for {tool}: " + "; ".join(problems)
 
 

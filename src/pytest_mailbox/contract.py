@@ -169,10 +169,15 @@ def describe_validation_error(
             continue
         hint = allowed.get(top, "")
         lines.append(
-            f"{source}: {field}={item.get('input')!r}{came} is invalid: {item['msg']}"
+            f"{source}: {field}={item.get('input')!r}{came} is invalid: {_reason(item['msg'])}"
             + (f" (allowed: {hint})" if hint else "")
         )
     return "\n".join(lines)
+
+
+def _reason(message: str) -> str:
+    """A pydantic error's message without the "Value error, " it puts before our own."""
+    return message.removeprefix("Value error, ")
 
 
 SELECTOR_FIELDS: dict[str, str] = {
