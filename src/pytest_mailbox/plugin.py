@@ -646,10 +646,17 @@ def _teardown_failed(
     from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
 
     for mailbox, attached in closed:
-        mailbox.did_not_pass()
-        receipt = mailbox.receipt().model_copy(
-            update={"testrun_uid": item.config.stash[_testrun_key]}
-        )
+        # The last test's teardown closed the session's store first: what this opens again
+        # is closed again here (Python 3.13 warns of a connection left to the collector).
+        reopened = mailbox.store.closed
+        try:
+            mailbox.did_not_pass()
+            receipt = mailbox.receipt().model_copy(
+                update={"testrun_uid": item.config.stash[_testrun_key]}
+            )
+        finally:
+            if reopened:
+                mailbox.store.close()
         now = (RECEIPT_PROPERTY, dump_receipt(receipt))
         for properties in (report.user_properties, item.user_properties):
             properties[:] = [now if p is attached else p for p in properties]

@@ -601,6 +601,13 @@ class Store:
                 self._checkpointer = _Checkpointer(self.path)
             return self._checkpointer
 
+    @property
+    def closed(self) -> bool:
+        """No connection of this handle is open: never used, or closed since (a later call
+        opens its connections again, and they are then the caller's to close)."""
+        with self._lock:
+            return not self._connections
+
     def close(self) -> None:
         """Close every connection this handle opened (from any thread)."""
         with self._lock:
