@@ -519,14 +519,13 @@ class Store:
     def _read(self) -> Iterator[None]:
         """One read transaction on this thread's reader connection: every statement in it
         sees the same snapshot. However it ends, the connection is left out of it (a
-        reader stuck in a transaction would see that snapshot for ever)."""
+        reader stuck in a transaction would see that snapshot for ever). Its callers are
+        reads (``_reads``), which turn SQLite's failure into ``StoreError``."""
         conn = self._conn()
         try:
             conn.execute("BEGIN")
             yield
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._failed(exc, "nothing was read") from exc
         finally:
             if conn.in_transaction:
                 with suppress(sqlite3.Error):
