@@ -263,6 +263,12 @@ def _tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory | None:
     return factory
 
 
+def _run_store_path(config: pytest.Config) -> Path | None:
+    """Where the run's store lives in pytest's basetemp; None under ``-p no:tmpdir``."""
+    factory = _tmp_path_factory(config)
+    return None if factory is None else store_path(config, factory)
+
+
 def _needed_tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory:
     """pytest's basetemp, or a usage error that names the fix."""
     factory = _tmp_path_factory(config)
@@ -291,8 +297,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = config.stash.get(_store_path_key, None)
     if path is None and _is_controller(config):
         # xdist created the basetemp that its workers share; their store lives there.
-        factory = _tmp_path_factory(config)
-        path = None if factory is None else store_path(config, factory)
+        path = _run_store_path(config)
     if path is None or not path.exists():
         return
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
@@ -885,8 +890,7 @@ class _CrashReceipts:
         self, crashitem: str, report: pytest.TestReport, sched: object
     ) -> None:
         config = self.config
-        factory = _tmp_path_factory(config)
-        path = None if factory is None else store_path(config, factory)
+        path = _run_store_path(config)
         if path is None or not path.exists():
             return
         node = getattr(report, "node", None)
