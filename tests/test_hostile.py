@@ -146,6 +146,22 @@ def _with_peak_memory(action: Callable[[], bytes]) -> tuple[bytes, int]:
     return result, peak - before
 
 
+def _sent_in_pieces(
+    client: Client, head: bytes, piece: bytes, times: int, tail: bytes
+) -> tuple[bytes, int]:
+    """Send ``head``, ``piece`` ``times`` times and ``tail``: the reply, and the most memory
+    the process held meanwhile beyond what it held before (``_with_peak_memory``)."""
+
+    def send() -> bytes:
+        client.send(head)
+        for _ in range(times):
+            client.send(piece)
+        client.send(tail)
+        return client.reply()
+
+    return _with_peak_memory(send)
+
+
 def angle(mailbox: Mailbox) -> bytes:
     return f"<{mailbox.address}>".encode()
 
@@ -458,14 +474,7 @@ def test_bare_lf_mail_over_max_size_gets_552_in_bounded_memory(
     client.envelope(angle(mailbox))
     lines = (b"z" * 900 + b"\n") * 1165  # 1 MiB with no CRLF: one line to aiosmtpd
 
-    def send() -> bytes:
-        client.send(b"Subject: big\n\n")
-        for _ in range(4):
-            client.send(lines)
-        client.send(b"\r\n.\r\n")
-        return client.reply()
-
-    reply, peak = _with_peak_memory(send)
+    reply, peak = _sent_in_pieces(client, b"Subject: big\n\n", lines, 4, b"\r\n.\r\n")
 
     assert reply == b"552 Error: Too much mail data\r\n"
     assert client.cmd(b"NOOP") == b"250 OK\r\n"
@@ -485,14 +494,8 @@ def test_a_data_line_with_no_line_break_at_all_gets_552_in_bounded_memory(
     client.envelope(angle(mailbox))
     chunk = b"x" * 65536 + b"\r"  # a CR at a piece's end: never read as a line's end
 
-    def send() -> bytes:
-        client.send(b"Subject: big\r\n\r\n")
-        for _ in range(256):  # 16 MiB, one line
-            client.send(chunk)
-        client.send(b"\r\n.\r\n")
-        return client.reply()
-
-    reply, peak = _with_peak_memory(send)
+    # 16 MiB, one line
+    reply, peak = _sent_in_pieces(client, b"Subject: big\r\n\r\n", chunk, 256, b"\r\n.\r\n")
 
     assert reply == b"552 Error: Too much mail data\r\n"
     assert client.cmd(b"NOOP") == b"250 OK\r\n"
@@ -567,15 +570,7 @@ def test_repeated_ehlo_does_not_raise_the_command_limit(client: Client) -> None:
 
 
 def test_megabytes_without_a_newline_get_500_in_bounded_memory(client: Client) -> None:
-    chunk = b"A" * 65536
-
-    def send() -> bytes:
-        for _ in range(64):  # 4 MiB, one line
-            client.send(chunk)
-        client.send(b"\r\n")
-        return client.reply()
-
-    reply, peak = _with_peak_memory(send)
+    reply, peak = _sent_in_pieces(client, b"", b"A" * 65536, 64, b"\r\n")  # 4 MiB, one line
 
     assert reply == b"500 Command line too long\r\n"
     assert client.cmd(b"NOOP") == b"250 OK\r\n"
