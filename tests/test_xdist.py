@@ -317,6 +317,17 @@ def test_a_listing_run_beside_a_fixed_port_run_neither_binds_nor_makes_a_store(
     assert not (pytester.path / "listing" / STORE_NAME).exists()
 
 
+def _outputs(runs: dict[str, subprocess.Popen[str]]) -> dict[str, str]:
+    """Each run's output; if one hangs, every run is stopped and the outputs shown."""
+    try:
+        return {name: proc.communicate(timeout=120)[0] for name, proc in runs.items()}
+    except subprocess.TimeoutExpired:
+        for proc in runs.values():
+            proc.kill()
+        out = {name: proc.communicate()[0] for name, proc in runs.items()}
+        pytest.fail("a run hung:\n" + "\n".join(f"--- {n}:\n{o}" for n, o in out.items()))
+
+
 def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """Run B sends to run A's address while both run: A never sees it, B keeps it unrouted."""
     shared = tmp_path / "shared"
@@ -329,22 +340,28 @@ def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: P
 
         SHARED = Path({str(shared)!r})
 
-        def _wait_for(path):
+        def _tell(name, text):
+            # Written aside and renamed: the other run never reads a file half written.
+            part = SHARED / (name + ".part")
+            part.write_text(text)
+            part.replace(SHARED / name)
+
+        def _wait_for(name):
             wake = threading.Event()
-            while not path.exists():
+            while not (SHARED / name).exists():
                 wake.wait(0.01)
+            return (SHARED / name).read_text()
 
         def test_run_a(isolated_mailbox, send):
-            (SHARED / "a.address").write_text(isolated_mailbox.address)
-            _wait_for(SHARED / "b.sent")
+            _tell("a.address", isolated_mailbox.address)
+            _wait_for("b.sent")
             isolated_mailbox.expect_none(within=0.5)
             send(isolated_mailbox.address, subject="own mail")
             isolated_mailbox.wait_for(subject="own mail").ack()
 
         def test_run_b(isolated_mailbox, send):
-            _wait_for(SHARED / "a.address")
-            send((SHARED / "a.address").read_text(), subject="for the other run")
-            (SHARED / "b.sent").write_text("sent")
+            send(_wait_for("a.address"), subject="for the other run")
+            _tell("b.sent", "sent")
         """
     )
     runs = {
@@ -368,7 +385,7 @@ def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: P
         )
         for name in ("a", "b")
     }
-    out = {name: proc.communicate(timeout=120)[0] for name, proc in runs.items()}
+    out = _outputs(runs)
     assert runs["a"].returncode == 0, out["a"]
     assert runs["b"].returncode == 0, out["b"]
     assert (
