@@ -113,6 +113,24 @@ def test_receipts_to_a_device_or_a_pipe_is_a_usage_error_not_a_crash_or_a_hang(
     )
 
 
+def test_help_still_shows_with_a_bad_setting_and_names_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--help`` is how one finds what a setting allows: a bad one does not hide it."""
+    monkeypatch.setenv("PYTEST_MAILBOX_TTL_MAX", "abc")
+    pytester.makeini("[pytest]\nfilterwarnings = error\n")
+
+    result = pytester.runpytest("--help")
+
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*--mailbox-ttl-max=TTL_MAX*"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: pytest-mailbox: PYTEST_MAILBOX_TTL_MAX='abc' is invalid; allowed: an integer*"]
+    )
+    # Anything else is still refused.
+    assert pytester.runpytest("--co").ret == pytest.ExitCode.USAGE_ERROR
+
+
 def test_unknown_mailbox_ini_key_and_env_variable_are_refused() -> None:
     with pytest.raises(
         ValueError, match=r"^unknown ini key 'mailbox_ttll'; pytest-mailbox knows: "

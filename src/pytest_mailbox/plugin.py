@@ -95,6 +95,11 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ValueError as exc:
         msg = f"pytest-mailbox: {exc}"
+        if config.getoption("help", False):
+            # Help is what one reads to mend it: show it, and the fault, to stderr (a
+            # warning would be an error under filterwarnings=error). The plugin stays off.
+            sys.stderr.write(f"ERROR: {msg}\n")
+            return
         raise pytest.UsageError(msg) from None
     if not is_loopback(settings.host) and not _is_worker(config):
         _warn_exposed(config, settings.host)
