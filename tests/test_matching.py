@@ -405,6 +405,34 @@ def test_mail_another_processs_sink_took_is_seen_at_the_first_look(
         other.stop()
 
 
+def test_a_wait_still_wakes_when_its_lease_ends_after_other_news_woke_it_first(
+    handles: Callable[[], Store],
+) -> None:
+    """Under xdist other tests write to the store while a wait sleeps, and each write
+    wakes it to look. That look forgot the lease it was to wake for, so the wait slept to
+    its deadline: here another test reserves a mailbox as the wait first sleeps."""
+    store = handles()
+    sink = MailSink(store, domains=["mailbox.test"], name="main").start()
+    try:
+        other = handles()
+        pauses = _Pauses(
+            first=lambda: Mailbox.reserve(other, contract=EmailContract(), domain="mailbox.test")
+        )
+        # A mailbox that closes long before the wait's deadline: a wait that slept to its
+        # deadline would find it closed rather than take the message again.
+        contract = EmailContract(ttl=20)
+        box = Mailbox.reserve(store, contract=contract, domain="mailbox.test", signal=pauses)
+        send(sink, mail(box.address))
+        held = box.wait_for(subject="Welcome", timeout=10, lease=0.5)  # never acked
+
+        again = box.wait_for(subject="Welcome", timeout=60)
+
+        assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
+        assert len(pauses.pauses) >= 2  # the other test's write woke it before the lease ended
+    finally:
+        sink.stop()
+
+
 def test_a_waiter_looks_at_the_store_quickly_first_then_every_poll_interval(
     handles: Callable[[], Store],
 ) -> None:

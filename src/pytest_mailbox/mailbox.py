@@ -154,6 +154,9 @@ def _clock(ts: float) -> str:
 
 
 _T = TypeVar("_T")
+#: A wait's lease wake-ups (``Mailbox._lapse``): (message_id, fence, lease_until) to when
+#: it wakes (time.monotonic()) and the store's time it was reckoned at.
+_Woken = dict[tuple[str, int | None, float], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -430,7 +433,7 @@ class Mailbox:
         deadline = time.monotonic() + timeout
 
         def steps() -> Generator[_Pause, None, list[tuple[MessageRow, Message]]]:
-            woken: set[tuple[str, int | None, float]] = set()
+            woken: _Woken = {}
             while True:
                 pause = self._pause_point(deadline)
                 if stop is not None:
@@ -459,7 +462,7 @@ class Mailbox:
         # if it finds nothing it marks, and looks again from a pause point taken then.
         pause: _Pause | None = None
         looked = self._waited
-        woken: set[tuple[str, int | None, float]] = set()  # the leases it woke for (_lapse)
+        woken: _Woken = {}  # the leases it wakes for (_lapse)
         while True:
             if looked:
                 pause = self._pause_point(deadline)
@@ -519,27 +522,31 @@ class Mailbox:
         self,
         misses: list[tuple[MessageRow, str]],
         selector: Selector,
-        woken: set[tuple[str, int | None, float]],
+        woken: _Woken,
     ) -> float:
         """When the first live lease ends that holds a message ``selector`` would take
         (time.monotonic()), or never: a wait looks again then, since an expired claim may
         be claimed again (a holder that crashed or gave up) and nothing is committed when a
-        lease ends. Once per lease (``woken``, the wait's own): a store clock that does not
-        move with time (a test's fake one) must not make the wait look again and again."""
-        now = self.store.clock()
-        ends = [
-            (row.lease_until, row.message_id, row.fence)
-            for row, _ in misses
-            if row.leased(now)
-            and row.lease_until is not None
-            and (row.message_id, row.fence, row.lease_until) not in woken
-            and self._selects(row, selector)
-        ]
-        if not ends:
-            return math.inf
-        until, message_id, fence = min(ends)
-        woken.add((message_id, fence, until))
-        return time.monotonic() + until - now
+        lease ends.
+
+        ``woken`` (the wait's own) keeps each lease's wake-up, and the store's time when it
+        was reckoned: a look for other news before then keeps it (under xdist other tests
+        write all the time). Once it is past and the lease still holds, it is reckoned
+        again only if the store's clock moved since: one that stands still (a test's fake
+        clock) must not make the wait look again and again."""
+        now, moment = self.store.clock(), time.monotonic()
+        ends: list[float] = []
+        for row, _ in misses:
+            if not row.leased(now) or row.lease_until is None or not self._selects(row, selector):
+                continue
+            lease = (row.message_id, row.fence, row.lease_until)
+            wake, reckoned = woken.get(lease, (-math.inf, -math.inf))
+            if wake <= moment and now > reckoned:  # first seen, or woken early by the clocks
+                wake = moment + row.lease_until - now
+                woken[lease] = (wake, now)
+            if wake > moment:
+                ends.append(wake)
+        return min(ends, default=math.inf)
 
     def _pause_point(self, deadline: float) -> _Pause:
         """What the store looks like now, taken before a scan so no commit slips between."""
