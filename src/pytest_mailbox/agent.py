@@ -1178,17 +1178,16 @@ class AgentTools:
         row = mailbox.store.message(message_id)
         if row is None or row.mailbox_id != mailbox.mailbox_id:
             return
-        why = mailbox._origin_reason(row, Selector())
-        if why is None:
-            return
-        if why.startswith("received before"):
+        if mailbox._too_early(row, Selector()):
             reason = (
                 "that message arrived before this mailbox's last checkpoint (request_resend "
                 "sets one): only mail sent since counts; wait_for_message offers it"
             )
-        else:  # never the other run's id: opaque ids only
+        elif mailbox._other_run(row) is not None:  # never the other run's id: opaque ids only
             header = self.contract.run_header
             reason = f"that message's {header} names another run: it is not this run's mail"
+        else:
+            return
         result = {"message_id": message_id, "why": reason}
         raise MailboxClosed(message_id, status=Status.POLICY_DENIED, result=result)
 

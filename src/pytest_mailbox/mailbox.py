@@ -766,19 +766,29 @@ class Mailbox:
 
     def _origin_reason(self, row: MessageRow, selector: Selector) -> str | None:
         """Why ``row`` is not this wait's mail at all (too early, another run's), or None."""
-        after = selector.received_after if selector.received_after is not None else self._since
-        if isinstance(after, Checkpoint) and row.seq <= after.seq:
+        if self._too_early(row, selector):
             return "received before received_after"
+        owner = self._other_run(row)
+        if owner is not None:
+            return f"{self.contract.run_header} belongs to run {owner}"
+        return None
+
+    def _too_early(self, row: MessageRow, selector: Selector) -> bool:
+        """Whether ``row`` came before the selector's ``received_after`` (or the checkpoint)."""
+        after = selector.received_after if selector.received_after is not None else self._since
+        if isinstance(after, Checkpoint):
+            return row.seq <= after.seq
         if isinstance(after, datetime | float | int):
             # To the microsecond, as ``received_at`` shows it: a message's own time given
             # back (``received_after=msg.received_at``) finds it, every time.
             moment = after if isinstance(after, datetime) else utc(after)
-            if utc(row.received_at) < moment:
-                return "received before received_after"
+            return utc(row.received_at) < moment
+        return False
+
+    def _other_run(self, row: MessageRow) -> str | None:
+        """The other run the message's run header names, or None (none, or this run)."""
         owner = self._run_header(row)
-        if owner and owner != self.run_id:
-            return f"{self.contract.run_header} belongs to run {owner}"
-        return None
+        return owner if owner and owner != self.run_id else None
 
     def _run_header(self, row: MessageRow) -> str | None:
         """The run id the message names: the sink indexes X-Run-Id; another name is parsed."""

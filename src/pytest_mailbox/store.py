@@ -163,6 +163,8 @@ _MAILBOX_SQL = "SELECT * FROM mailboxes WHERE mailbox_id = ?"
 _MESSAGES_SQL = "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq"
 _EVENTS_SQL = "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"
 _SECRETS_SQL = "SELECT * FROM secrets WHERE mailbox_id = ?"
+#: What a failed write tells: it was all one transaction, rolled back.
+_NOTHING_STORED = "nothing of this call was stored"
 
 #: An earlier version's ``events`` (a rowid table and an index): its rows, in the new table.
 _EVENTS_V1_TO_V2 = f"""
@@ -473,7 +475,7 @@ class Store:
         try:
             conn = self._conn(writer=True)
         except sqlite3.Error as exc:  # a file that is no SQLite database, say
-            raise self._failed(exc, "nothing of this call was stored") from exc
+            raise self._failed(exc, _NOTHING_STORED) from exc
         if wait and self._wal_over:
             # Before the transaction, not after its commit: its caller reads the clock in
             # it (a lease, a ttl), and time spent truncating would come off what it grants.
@@ -487,7 +489,7 @@ class Store:
                 if not wait or (give_up is not None and give_up.is_set()):
                     raise StoreBusy(str(exc)) from None
                 if "locked" not in str(exc):
-                    raise self._failed(exc, "nothing of this call was stored") from exc
+                    raise self._failed(exc, _NOTHING_STORED) from exc
                 if next(pauses, False) is False:
                     msg = (
                         f"the store {self.path} stayed locked by another connection for its "
@@ -503,7 +505,7 @@ class Store:
                 with suppress(sqlite3.Error):  # an I/O error may have ended it already
                     conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise self._failed(exc, "nothing of this call was stored") from exc
+                raise self._failed(exc, _NOTHING_STORED) from exc
             raise
         self._committed(wait=wait)
 
