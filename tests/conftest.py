@@ -5,6 +5,8 @@ from __future__ import annotations
 # Hypothesis' pytest plugin imports hypothesis lazily at the end of every session; pytester
 # runs in-process and drops modules first imported inside a run, so each inner run would pay
 # that import again (about 1.5 s). Importing it once here keeps it loaded.
+import random
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,27 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 
     monkeypatch.setattr(pytester, "runpytest", runpytest)
     return pytester
+
+
+@pytest.fixture
+def fixed_port() -> int:
+    """A free port for fixed-port mode (``--mailbox-port``), for the plugin to bind itself.
+
+    From below the kernel's ephemeral range: a port bound to 0 and released again may be
+    handed to any client socket (another worker's SMTP connection) before the plugin binds
+    it; the kernel never hands out one from below its range."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: the ephemeral range starts at 49152
+        low = 49152
+    for port in random.sample(range(max(1024, low - 10_000), low), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.fail(f"no free port below {low} after 200 tries")
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import smtplib
-import socket
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -200,7 +199,9 @@ def test_bad_fault_is_refused_naming_the_field(
     assert not [e for e in isolated_mailbox.receipt().events if e.status == "fault_armed"]
 
 
-def test_faults_reach_every_worker_in_fixed_port_mode(pytester: pytest.Pytester) -> None:
+def test_faults_reach_every_worker_in_fixed_port_mode(
+    pytester: pytest.Pytester, fixed_port: int
+) -> None:
     """The controller's sink serves the port; the fault armed on a worker still applies."""
     pytester.makepyfile(
         """
@@ -224,10 +225,7 @@ def test_faults_reach_every_worker_in_fixed_port_mode(pytester: pytest.Pytester)
             isolated_mailbox.wait_for(subject=f"hello {n}").ack()
         """
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    result = pytester.runpytest("-n", "2", f"--mailbox-port={port}")
+    result = pytester.runpytest("-n", "2", f"--mailbox-port={fixed_port}")
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["mailbox: 4 reserved, 4 received, 4 claimed, 4 consumed, *"])
 

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -974,7 +973,7 @@ def test_a_forked_child_lets_go_of_the_lock_and_the_parent_keeps_it(
 
 
 def test_without_pytests_tmpdir_plugin_a_run_without_mailboxes_passes_and_one_with_is_told(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, fixed_port: int
 ) -> None:
     """-p no:tmpdir took the basetemp the store lives in: every run crashed at its end,
     mail tests or not (AttributeError), and a fixed port was an INTERNALERROR."""
@@ -986,10 +985,8 @@ def test_without_pytests_tmpdir_plugin_a_run_without_mailboxes_passes_and_one_wi
     result = pytester.runpytest_subprocess("-p", "no:tmpdir", "test_mail.py")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*pytest-mailbox keeps its store in pytest's basetemp*"])
-    with socket.socket() as sock:  # a fixed port: its sink's store is opened at the start
-        sock.bind(("127.0.0.1", 0))
-        free = sock.getsockname()[1]
-    fixed = pytester.runpytest_subprocess("-p", "no:tmpdir", f"--mailbox-port={free}")
+    # A fixed port: its sink's store is opened at the start.
+    fixed = pytester.runpytest_subprocess("-p", "no:tmpdir", f"--mailbox-port={fixed_port}")
     assert fixed.ret == pytest.ExitCode.USAGE_ERROR
     fixed.stderr.fnmatch_lines(["*pytest-mailbox keeps its store in pytest's basetemp*"])
 

@@ -150,13 +150,6 @@ def test_the_end_of_a_run_closes_only_its_own_mailboxes(
     result.stdout.no_fnmatch_line("mailbox: 2 reserved*")
 
 
-def _bound_free_port() -> int:
-    """A port number for fixed-port mode, found by binding (the plugin then binds it itself)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None:
     with _store(pytester) as db:
         assert db.execute("SELECT COUNT(*) FROM messages WHERE state = 'consumed'").fetchone() == (
@@ -174,12 +167,14 @@ def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None
 
 @pytest.mark.parametrize("workers", ["2", "4"])
 @pytest.mark.parametrize("mode", ["per-worker", "fixed-port"])
-def test_generated_suite_of_300(pytester: pytest.Pytester, workers: str, mode: str) -> None:
+def test_generated_suite_of_300(
+    pytester: pytest.Pytester, workers: str, mode: str, fixed_port: int
+) -> None:
     pytester.makeconftest(SEND_CONFTEST)
     pytester.makepyfile(test_generated=GENERATED_SUITE.format(count=300))
     args = ["-n", workers, "--junitxml=junit.xml"]
     if mode == "fixed-port":
-        args.append(f"--mailbox-port={_bound_free_port()}")
+        args.append(f"--mailbox-port={fixed_port}")
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=300)
     result.stdout.fnmatch_lines(
@@ -209,19 +204,27 @@ def test_cross_worker_delivery(pytester: pytest.Pytester) -> None:
         import threading
         from pathlib import Path
 
+        import pytest
+
         HANDOFF = Path("handoff.txt")
 
         def test_receiver(isolated_mailbox, mailbox_store):
             me = os.environ["PYTEST_XDIST_WORKER"]
-            HANDOFF.write_text(f"{me} {isolated_mailbox.address}")
+            aside = Path(f"{HANDOFF}.{me}")
+            aside.write_text(f"{me} {isolated_mailbox.address}")
+            aside.rename(HANDOFF)  # whole or not at all
             msg = isolated_mailbox.wait_for(subject="from the other worker", timeout=30)
             sink = mailbox_store.message(msg.message_id).sink
             assert sink.startswith("gw") and sink != me
 
         def test_sender(send):
             wake = threading.Event()
-            while not HANDOFF.exists() or not HANDOFF.read_text():
-                wake.wait(0.01)  # the handoff file is the synchronisation
+            for _ in range(6000):  # the handoff file is the synchronisation; a minute at most
+                if HANDOFF.exists():
+                    break
+                wake.wait(0.01)
+            else:
+                pytest.fail("the receiver never wrote its address")
             worker, address = HANDOFF.read_text().split()
             assert worker != os.environ["PYTEST_XDIST_WORKER"]
             send(address, subject="from the other worker")
@@ -231,7 +234,7 @@ def test_cross_worker_delivery(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=2)
 
 
-def test_fixed_port_survives_an_early_worker(pytester: pytest.Pytester) -> None:
+def test_fixed_port_survives_an_early_worker(pytester: pytest.Pytester, fixed_port: int) -> None:
     """The worker that finishes first takes nothing with it: the other still gets its mail."""
     pytester.makeconftest(
         SEND_CONFTEST
@@ -252,6 +255,8 @@ def pytest_sessionfinish(session):
         import threading
         from pathlib import Path
 
+        import pytest
+
         def test_quick(isolated_mailbox, send):
             send(isolated_mailbox.address)
             isolated_mailbox.wait_for().ack()
@@ -260,15 +265,18 @@ def pytest_sessionfinish(session):
             me = os.environ["PYTEST_XDIST_WORKER"]
             other = "gw0" if me == "gw1" else "gw1"
             wake = threading.Event()
-            while not Path(f"finished-{other}").exists():
-                wake.wait(0.01)  # wait until the other worker's session is over
+            for _ in range(6000):  # until the other worker's session is over; a minute at most
+                if Path(f"finished-{other}").exists():
+                    break
+                wake.wait(0.01)
+            else:
+                pytest.fail(f"{other} never finished its session")
             for n in range(5):
                 send(isolated_mailbox.address, subject=f"late {n}")
                 isolated_mailbox.wait_for(subject=f"late {n}").ack()
         """
     )
-    port = _bound_free_port()
-    result = pytester.runpytest("-n", "2", f"--mailbox-port={port}")
+    result = pytester.runpytest("-n", "2", f"--mailbox-port={fixed_port}")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["mailbox: 2 reserved, 6 received, 6 claimed, 6 consumed, *"])
 
