@@ -457,7 +457,9 @@ def test_a_wait_looks_again_once_per_lease_whatever_the_store_clock_does(
     monkeypatch.setattr(Mailbox, "_scan", counted)
     with pytest.raises(WaitTimeout, match="already claimed by this run"):
         box.wait_for(subject="Verify", timeout=0.5)
-    assert len(scans) == 3  # the first look, once when the lease should have ended, the last
+    # The first look, once when the lease should have ended, the last; only two if this
+    # machine stalled past the deadline before the wake-up: never one scan per millisecond.
+    assert 2 <= len(scans) <= 3
     held.ack()
 
 

@@ -324,7 +324,7 @@ def test_limits_and_policies_reach_the_sink(pytester: pytest.Pytester) -> None:
     )
 
     result = pytester.runpytest(
-        "--mailbox-max-recipients=2", "--mailbox-data-policy=refuse", "--mailbox-idle-timeout=1"
+        "--mailbox-max-recipients=2", "--mailbox-data-policy=refuse", "--mailbox-idle-timeout=3"
     )
 
     result.assert_outcomes(passed=1)

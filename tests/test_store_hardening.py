@@ -41,22 +41,45 @@ from pytest_mailbox.store import (
 SAFETY = 30.0  # seconds: an upper bound on waiting for a child, never a synchronisation
 
 
-def child(script: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+Child = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def child() -> Iterator[Child]:
+    """Starts a Python script in a child process with piped stdio: ``child(script, *args)``.
+    A test that fails midway leaves no child running and no pipe open (the next test on
+    the worker would otherwise fail on the ResourceWarning of its collection)."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(script: str, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(script), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(SAFETY)
+        closed(process)
+
+
+def closed(process: subprocess.Popen[str]) -> None:
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def kill_9(process: subprocess.Popen[str]) -> None:
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(SAFETY) == -signal.SIGKILL
-    for stream in (process.stdin, process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
+    closed(process)
 
 
 def integrity(path: Path) -> str:
@@ -108,7 +131,7 @@ HOLD_A_WRITE = """
 
 
 def test_kill_9_inside_a_write_transaction_leaves_the_store_usable(
-    store: Store, mailbox: MailboxRow
+    store: Store, mailbox: MailboxRow, child: Child
 ) -> None:
     before = deliver(store, mailbox, "before the crash")
     holder = child(HOLD_A_WRITE, str(store.path))
@@ -148,7 +171,7 @@ RUN_A_SINK = """
 
 
 def test_kill_9_of_a_sink_process_loses_no_accepted_message(
-    store: Store, mailbox: MailboxRow
+    store: Store, mailbox: MailboxRow, child: Child
 ) -> None:
     process = child(RUN_A_SINK, str(store.path))
     assert process.stdout is not None
@@ -160,20 +183,20 @@ def test_kill_9_of_a_sink_process_loses_no_accepted_message(
             smtp.sendmail("app@example.test", [mailbox.address], f"Subject: {subject}\r\n\r\nhi")
             accepted.append(subject)  # sendmail returned: the sink answered 250
     # A large message, killed while the sink parses or writes it.
-    raw = socket.create_connection(("127.0.0.1", port), timeout=SAFETY)
-    reader = raw.makefile("rb")
-    assert reader.readline().startswith(b"220")
-    for line in (b"HELO x", b"MAIL FROM:<app@example.test>", f"RCPT TO:<{mailbox.address}>"):
-        raw.sendall((line if isinstance(line, bytes) else line.encode()) + b"\r\n")
-        assert reader.readline().startswith(b"250")
-    raw.sendall(b"DATA\r\n")
-    assert reader.readline().startswith(b"354")
-    raw.sendall(b"Subject: in flight\r\n\r\n" + (b"0123456789abcdef" * 62 + b"\r\n") * 2000)
-    raw.sendall(b".\r\n")
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=SAFETY) as raw,
+        raw.makefile("rb") as reader,
+    ):
+        assert reader.readline().startswith(b"220")
+        for line in (b"HELO x", b"MAIL FROM:<app@example.test>", f"RCPT TO:<{mailbox.address}>"):
+            raw.sendall((line if isinstance(line, bytes) else line.encode()) + b"\r\n")
+            assert reader.readline().startswith(b"250")
+        raw.sendall(b"DATA\r\n")
+        assert reader.readline().startswith(b"354")
+        raw.sendall(b"Subject: in flight\r\n\r\n" + (b"0123456789abcdef" * 62 + b"\r\n") * 2000)
+        raw.sendall(b".\r\n")
 
-    kill_9(process)
-    reader.close()
-    raw.close()
+        kill_9(process)
 
     assert integrity(store.path) == "ok"
     subjects = [m.subject for m in store.messages(mailbox.mailbox_id)]
@@ -273,7 +296,7 @@ CONTEND = """
 """
 
 
-def test_read_then_write_paths_never_hit_database_is_locked(store: Store) -> None:
+def test_read_then_write_paths_never_hit_database_is_locked(store: Store, child: Child) -> None:
     shared = []
     for n in range(30):
         row, _ = store.reserve(run_id=f"shared-{n}", purpose="race", ttl=600, domain="mailbox.test")
