@@ -14,7 +14,7 @@ import hypothesis.internal.observability  # noqa: F401
 import pytest
 from storekit import Clock
 
-from pytest_mailbox import EmailContract, Mailbox, MailSink
+from pytest_mailbox import EmailContract, Mailbox, MailSink, message
 from pytest_mailbox.store import Store
 
 
@@ -28,6 +28,14 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 
     monkeypatch.setattr(pytester, "runpytest", runpytest)
     return pytester
+
+
+@pytest.fixture(autouse=True)
+def extracted_by_this_test_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process remembers what earlier tests extracted and masks it everywhere: a check
+    that a secret is kept out of a text must not pass because another test on this worker
+    extracted the same value (the fixed codes of these tests) before."""
+    monkeypatch.setattr(message, "_EXTRACTED", {})
 
 
 @pytest.fixture

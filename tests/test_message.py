@@ -1199,6 +1199,21 @@ def test_a_link_is_remembered_with_its_secret_parts_only() -> None:
         assert word not in parts
 
 
+def test_the_process_remembers_the_latest_extracted_values_only() -> None:
+    """A long session extracts thousands of codes: masking with every one of them would
+    slow each error and report down, so the process keeps the latest 256."""
+    codes = [
+        hashlib.sha256(b"%d" % n).hexdigest()[:10]
+        for n in range(message_module._EXTRACTED_KEPT + 1)
+    ]
+    for code in codes:
+        remember_extracted("code", code)
+
+    shown = message_module.mask_extracted(f"{codes[0]} {codes[1]} {codes[-1]}")
+    assert (codes[0] in shown, codes[1] in shown, codes[-1] in shown) == (True, False, False)
+    assert list(message_module._EXTRACTED) == codes[1:]
+
+
 def test_a_masker_leaves_what_unrelated_output_shows() -> None:
     remembered = remember_extracted("link", LINK_WITH_IDS) | {"482913"}
     mask = Masker(remembered, words={"2026"})
