@@ -7,6 +7,7 @@ import math
 import re
 import smtplib
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -428,7 +429,45 @@ def test_a_wait_still_wakes_when_its_lease_ends_after_other_news_woke_it_first(
         again = box.wait_for(subject="Welcome", timeout=60)
 
         assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
-        assert len(pauses.pauses) >= 2  # the other test's write woke it before the lease ended
+    finally:
+        sink.stop()
+
+
+class _SetBack:
+    """The real clock, until ``set_back`` moves it back by ``step``: an NTP step."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def set_back(self) -> None:
+        self.offset -= self.step
+
+
+@pytest.mark.parametrize("step", [0.2, 2.0], ids=["within-the-lease", "past-where-it-began"])
+def test_a_wait_wakes_when_its_lease_ends_though_the_store_clock_was_set_back_meanwhile(
+    handles: Callable[[], Store], db: Path, step: float
+) -> None:
+    """When the wait wakes, the lease still holds on a store clock set back while it slept:
+    it reckons the wake-up again. Before, a clock further back than where the wait first
+    reckoned counted as one that stands still, and the wait slept to its deadline; one
+    that still moved forward must not be taken for it either."""
+    clock = _SetBack(step)
+    sink = MailSink(handles(), domains=["mailbox.test"], name="main").start()
+    try:
+        with Store(db, clock=clock) as store:
+            pauses = _Pauses(first=clock.set_back)
+            contract = EmailContract(ttl=20)  # closes long before the wait's deadline
+            box = Mailbox.reserve(store, contract=contract, domain="mailbox.test", signal=pauses)
+            send(sink, mail(box.address))
+            held = box.wait_for(subject="Welcome", timeout=10, lease=0.5)  # never acked
+
+            again = box.wait_for(subject="Welcome", timeout=60)
+
+            assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
     finally:
         sink.stop()
 

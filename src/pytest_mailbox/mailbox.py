@@ -529,24 +529,25 @@ class Mailbox:
         be claimed again (a holder that crashed or gave up) and nothing is committed when a
         lease ends.
 
-        ``woken`` (the wait's own) keeps each lease's wake-up, and the store's time when it
-        was reckoned: a look for other news before then keeps it (under xdist other tests
-        write all the time). Once it is past and the lease still holds, it is reckoned
-        again only if the store's clock moved since: one that stands still (a test's fake
-        clock) must not make the wait look again and again."""
+        ``woken`` (the wait's own) keeps each live lease's wake-up, and the store's time when
+        it was reckoned: a look for other news before then keeps it (under xdist other
+        tests write all the time). Once it is past and the lease still holds, it is
+        reckoned again only if the store's clock moved since, either way (a wall clock set
+        back): one that stands still (a test's fake clock) must not make the wait look
+        again and again."""
         now, moment = self.store.clock(), time.monotonic()
-        ends: list[float] = []
+        live: _Woken = {}
         for row, _ in misses:
             if not row.leased(now) or row.lease_until is None or not self._selects(row, selector):
                 continue
             lease = (row.message_id, row.fence, row.lease_until)
             wake, reckoned = woken.get(lease, (-math.inf, -math.inf))
-            if wake <= moment and now > reckoned:  # first seen, or woken early by the clocks
-                wake = moment + row.lease_until - now
-                woken[lease] = (wake, now)
-            if wake > moment:
-                ends.append(wake)
-        return min(ends, default=math.inf)
+            if wake <= moment and now != reckoned:  # first seen, or woken early by the clocks
+                wake, reckoned = moment + row.lease_until - now, now
+            live[lease] = (wake, reckoned)
+        woken.clear()  # a lease renewed, taken or ended is not looked for again
+        woken.update(live)
+        return min((wake for wake, _ in live.values() if wake > moment), default=math.inf)
 
     def _pause_point(self, deadline: float) -> _Pause:
         """What the store looks like now, taken before a scan so no commit slips between."""
