@@ -7,6 +7,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from contextlib import closing
 from pathlib import Path
@@ -212,7 +213,7 @@ def test_cross_worker_delivery(pytester: pytest.Pytester) -> None:
             me = os.environ["PYTEST_XDIST_WORKER"]
             aside = Path(f"{HANDOFF}.{me}")
             aside.write_text(f"{me} {isolated_mailbox.address}")
-            aside.rename(HANDOFF)  # whole or not at all
+            aside.replace(HANDOFF)  # whole or not at all
             msg = isolated_mailbox.wait_for(subject="from the other worker", timeout=30)
             sink = mailbox_store.message(msg.message_id).sink
             assert sink.startswith("gw") and sink != me
@@ -327,8 +328,12 @@ def test_a_listing_run_beside_a_fixed_port_run_neither_binds_nor_makes_a_store(
 
 def _outputs(runs: dict[str, subprocess.Popen[str]]) -> dict[str, str]:
     """Each run's output; if one hangs, every run is stopped and the outputs shown."""
+    deadline = time.monotonic() + 120  # for them all: a bound, never a synchronisation
     try:
-        return {name: proc.communicate(timeout=120)[0] for name, proc in runs.items()}
+        return {
+            name: proc.communicate(timeout=max(0.0, deadline - time.monotonic()))[0]
+            for name, proc in runs.items()
+        }
     except subprocess.TimeoutExpired:
         for proc in runs.values():
             proc.kill()
@@ -346,6 +351,8 @@ def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: P
         import threading
         from pathlib import Path
 
+        import pytest
+
         SHARED = Path({str(shared)!r})
 
         def _tell(name, text):
@@ -356,9 +363,11 @@ def test_two_concurrent_runs_are_isolated(pytester: pytest.Pytester, tmp_path: P
 
         def _wait_for(name):
             wake = threading.Event()
-            while not (SHARED / name).exists():
+            for _ in range(6000):  # a minute at most
+                if (SHARED / name).exists():
+                    return (SHARED / name).read_text()
                 wake.wait(0.01)
-            return (SHARED / name).read_text()
+            pytest.fail(f"the other run never wrote {{name}}")
 
         def test_run_a(isolated_mailbox, send):
             _tell("a.address", isolated_mailbox.address)
