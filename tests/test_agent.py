@@ -2178,3 +2178,22 @@ def test_a_released_toolset_still_answers_released_after_the_ttl(
     later = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
     assert later["status"] == "released", later  # as the store and the receipt say
     assert store.mailbox(own).close_reason == "released_success"
+
+
+@pytest.mark.email_contract(max_reads=10)
+def test_what_a_toolset_remembers_of_a_message_is_kept_per_kind(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A toolset reads a message once per kind: a mail with a link and no code is offered
+    to a wait for a link, and a wait for a code after it still finds no code in it."""
+    ref = "".join(secrets.choice(string.ascii_letters) for _ in range(24))  # no digits
+    body = f"Start at https://{APP}/start?ref={ref}\n"
+    app.send(isolated_mailbox.address, "Welcome aboard", body)
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    for_link = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
+    assert for_link["next_action"] == {"do": "call", "tool": "claim_message"}  # offered
+    for_code = tools.call("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 0})
+    assert (for_code["status"], for_code["reason"]) == ("waiting", "no message with a code yet")
+    poll = {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500}
+    assert for_code["next_action"] == poll

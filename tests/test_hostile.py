@@ -1390,3 +1390,25 @@ def test_an_ipv6_endpoint_gives_a_url_that_parses() -> None:
     assert endpoint.smtp_url == "smtp://[::1]:2525"
     assert urlsplit(endpoint.smtp_url).hostname == "::1"
     assert endpoint.settings["env"]["SMTP_HOST"] == "::1"
+
+
+def test_a_header_section_of_exactly_its_limit_is_stored_and_one_byte_more_is_not(
+    sink: MailSink, client: Client
+) -> None:
+    """HEADER_LIMIT counts the header section's bytes up to its blank line (the last
+    header's CRLF not counted): at the limit the mail is stored, one byte over it is 552."""
+    mailbox = reserve(sink)
+    limit = sink_module.HEADER_LIMIT
+    pad = b"X-Pad: " + b"p" * 500 + b"\r\n"
+    head = b"Subject: big\r\n" + pad * (limit // len(pad) - 1)
+    fill = limit - len(head) - len(b"X-Fill: ")  # the last header line, to the limit
+    client.envelope(angle(mailbox))
+    client.send(head + b"X-Fill: " + b"f" * fill + b"\r\n\r\nbody\r\n.\r\n")
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert stored(sink) == 1
+    client.envelope(angle(mailbox))
+    client.send(head + b"X-Fill: " + b"f" * (fill + 1) + b"\r\n\r\nbody\r\n.\r\n")
+    assert client.reply() == (
+        b"552 5.3.4 Message header section too big (over 256 KiB); nothing was stored\r\n"
+    )
+    assert stored(sink) == 1

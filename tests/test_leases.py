@@ -790,3 +790,28 @@ def test_concurrent_reconcile_expires_each_thing_once(db: Path, clock: Clock) ->
         assert rows(db, "SELECT COUNT(*) FROM events WHERE status = 'expired'") == [(len(overdue),)]
     finally:
         store.close()
+
+
+def test_a_wait_wakes_for_no_lease_on_a_message_it_would_not_take(
+    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease that ends makes its message a candidate again, so a wait looks again then:
+    for a message it would take only. Another message's lease ending is no news to it."""
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="verify"), domain=DOMAIN)
+    deliver(store, box)  # type: ignore[arg-type]  # a Mailbox has the address fields
+    held = box.wait_for(subject="Verify", timeout=0, lease=30)
+    clock.advance(30 - 0.001)  # the Verify lease ends a millisecond from now
+    scans: list[int] = []
+    scan = Mailbox._scan
+
+    def counted(self: Mailbox, *args: Any, **kwargs: Any) -> Any:
+        scans.append(1)
+        return scan(self, *args, **kwargs)
+
+    monkeypatch.setattr(Mailbox, "_scan", counted)
+    with pytest.raises(WaitTimeout):
+        box.wait_for(subject="Reset", timeout=0.5)
+    # The first look and the last (one only if this machine stalled past the deadline
+    # before the first pause): no look when the Verify lease ends, a message it never takes.
+    assert len(scans) <= 2
+    held.ack()

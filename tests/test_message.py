@@ -1362,3 +1362,13 @@ def test_a_messages_repr_masks_a_token_in_its_sender() -> None:
     shown = repr(Message(raw, message_id="m-1"))
     assert "Kx7pQ2mZr9TbW4nYv8Ls" not in shown
     assert "from=reply+••••••••••••••••••Ls@app.test" in shown
+
+
+def test_a_link_pasted_as_domain_with_a_bad_port_is_refused_with_its_token_masked() -> None:
+    """A host and a port as typed are shown as given; anything else (a whole link pasted
+    as domain=) is masked as free text is, whatever made it unreadable."""
+    pasted = "https://app.example.test:80x/verify?token=Zk3Pq9Wm2LxR7vN4"
+    with pytest.raises(ExtractionError) as refused:
+        plain(VERIFY).link(domain=pasted)
+    assert "its port is not a port (a number 0..65535)" in str(refused.value)
+    assert "Zk3Pq9Wm2LxR7vN4" not in str(refused.value)

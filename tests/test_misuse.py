@@ -743,3 +743,11 @@ def test_a_toml_value_of_another_kind_is_refused_saying_what_the_setting_allows(
     result.stderr.fnmatch_lines(
         [f"ERROR: pytest-mailbox: {shown} is invalid; allowed: {option.allowed}"]
     )
+
+
+def test_a_lease_of_exactly_ttl_max_is_told_to_raise_ttl_alone() -> None:
+    """A ttl up to ttl_max holds a lease of ttl_max: raising ttl is enough, and the
+    message does not send the user to mailbox_ttl_max."""
+    with pytest.raises(ValueError, match="exceeds") as refused:
+        EmailContract(ttl=600, lease=3600).check_limits(ttl_max=3600)
+    assert str(refused.value).endswith(f"; {LIMIT}")

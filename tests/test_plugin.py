@@ -2420,3 +2420,42 @@ def test_a_mailbox_a_test_never_closed_is_released_as_an_error_at_session_end(
             ("released", "released_error")
         ]
         assert ("orphaned",) in db.execute("SELECT status FROM events").fetchall()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_test_that_released_its_mailbox_then_xfailed_or_skipped_is_no_success(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """An xfail or a skip in the middle of the test is no pass, though no failed report
+    says so: a mailbox released as released_success before it becomes released_error,
+    with the step that says why, in the receipt."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_releases_then_xfails(isolated_mailbox):
+            isolated_mailbox.release()
+            pytest.xfail("known bug")
+
+        def test_releases_then_skips(isolated_mailbox):
+            isolated_mailbox.release()
+            pytest.skip("no browser today")
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+    result.assert_outcomes(xfailed=1, skipped=1)
+    receipts = read_receipts(pytester.path / "junit.xml")
+    assert sorted(r.nodeid.split("::")[1] for r in receipts) == [
+        "test_releases_then_skips",
+        "test_releases_then_xfails",
+    ]
+    for receipt in receipts:
+        assert (receipt.state, receipt.close_reason) == ("released", "released_error")
+        assert [(e.status, e.detail) for e in receipt.events][-2:] == [
+            ("released", "released_success"),
+            (
+                "released",
+                "released_error: the test did not pass (it was released as released_success "
+                "before its end)",
+            ),
+        ]
