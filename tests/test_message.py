@@ -525,7 +525,10 @@ def test_code_several_distinct_values_are_masked() -> None:
         message.code()
 
     text = str(info.value)
-    assert text.startswith("3 distinct codes match")
+    assert text.startswith(
+        "3 distinct codes match the default pattern (4 to 8 digits standing alone, outside "
+        "links) in message"
+    )
     assert "••••01, ••••13, ••••26" in text
     assert 'pattern=r"code: (\\d{6})"' in text
     for raw in ("55501", "482913", "2026"):
@@ -536,6 +539,17 @@ def test_code_several_distinct_values_are_masked() -> None:
 def test_code_none_names_the_pattern() -> None:
     with pytest.raises(ExtractionError, match=re.escape(r'no code matching r"code: (\d{6})"')):
         plain("Your code is 12-34.").code(pattern=r"code: (\d{6})")
+
+
+def test_code_none_by_default_says_what_it_looked_for_in_words() -> None:
+    with pytest.raises(ExtractionError) as info:
+        plain("Your code is AB-12-CD.").code()
+
+    assert str(info.value) == (
+        "no code matching the default pattern (4 to 8 digits standing alone, outside links) "
+        "in the subject or body of message m-1; for a code of another shape pass "
+        'pattern=, e.g. r"code: ([A-Z0-9]{6})"'
+    )
 
 
 def test_code_invalid_pattern_is_an_extraction_error() -> None:

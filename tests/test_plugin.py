@@ -1682,11 +1682,14 @@ def test_receipts_cli_refuses_an_unknown_state(tmp_path: Path) -> None:
     (tmp_path / "r.jsonl").write_text("")
     argv = [sys.executable, "-m", "pytest_mailbox", "receipts", str(tmp_path / "r.jsonl")]
 
-    proc = subprocess.run([*argv, "--state", "bogus"], capture_output=True, text=True, check=False)
+    for state in ("bogus", "consumed"):  # a message's state: a receipt's is released or expired
+        proc = subprocess.run(
+            [*argv, "--state", state], capture_output=True, text=True, check=False
+        )
 
-    assert proc.returncode == 2
-    assert "argument --state: invalid choice: 'bogus' (choose from " in proc.stderr
-    assert "'expired', 'released_success'" in proc.stderr
+        assert proc.returncode == 2
+        assert f"argument --state: invalid choice: '{state}' (choose from " in proc.stderr
+        assert "'released', 'expired', 'released_success'" in proc.stderr
 
 
 def test_receipts_cli_filters_and_timelines(

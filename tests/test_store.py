@@ -806,8 +806,9 @@ def test_refusals_after_a_claim_say_why_and_what_to_do(store: Store, clock: Cloc
     )
     assert str(released.value) == (
         f"renew {claimed.message_id}: released; mailbox {mailbox.address} (test t::test) was "
-        "released (released_success), and refuses every call after that: a mailbox serves "
-        "one test, and each test gets its own isolated_mailbox"
+        "released (released_success), and refuses every call after that: wait for, claim "
+        "and ack its mail before release() or close(); a mailbox serves one test, and each "
+        "test gets its own isolated_mailbox"
     )
     assert str(expired.value) == (
         f"expired: mailbox {overdue.address} (test t::test) outlived its ttl of 120s "

@@ -684,8 +684,9 @@ class Mailbox:
         if state is Status.RELEASED:
             return (
                 f"mailbox {self.address}{test} was released ({reason or 'released'}), and "
-                "refuses every call after that: a mailbox serves one test, and each test "
-                "gets its own isolated_mailbox"
+                "refuses every call after that: wait for, claim and ack its mail before "
+                "release() or close(); a mailbox serves one test, and each test gets its own "
+                "isolated_mailbox"
             )
         if state is Status.POLICY_DENIED:
             return (

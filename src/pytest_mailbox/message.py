@@ -38,6 +38,7 @@ __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "r
 #: ASCII letters and digits (a token's ``a1b23456c``). Links are taken out of the text
 #: before it is searched (``Message.code``): a link's token holds digit runs at random.
 DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])\d{4,8}(?![\dA-Za-z_])"
+_DEFAULT_CODE_SHOWN = "the default pattern (4 to 8 digits standing alone, outside links)"
 #: Looked for only when the default finds nothing: four to eight digits not touching other
 #: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
 #: reads ``Code482913``). Outside links too.
@@ -1464,16 +1465,18 @@ class Message:
             if self._on_secret is not None:
                 self._on_secret("code", value, None)
             return value
+        # The default in words: its regular expression tells a reader of the error little.
+        shown = _show(source) if pattern is not None else _DEFAULT_CODE_SHOWN
         if not values:
-            msg = (
-                f"no code matching {_show(source)} in the subject or body of message {self._label}"
-            )
+            msg = f"no code matching {shown} in the subject or body of message {self._label}"
+            if pattern is None:
+                msg += '; for a code of another shape pass pattern=, e.g. r"code: ([A-Z0-9]{6})"'
             raise ExtractionError(msg, result=result)
         masked = ", ".join(_mask(v) for v in list(values)[:_MAX_LISTED])
         if len(values) > _MAX_LISTED:
             masked += f", … and {len(values) - _MAX_LISTED} more"
         msg = (
-            f"{len(values)} distinct codes match {_show(source)} in message {self._label}: "
+            f"{len(values)} distinct codes match {shown} in message {self._label}: "
             f"{masked}; "
             'pass pattern= with a capture group to pick one, e.g. pattern=r"code: (\\d{6})"'
         )
