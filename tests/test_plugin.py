@@ -132,6 +132,36 @@ def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, worke
     )
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_claim_acked_at_teardown_says_so_in_the_receipts_timeline(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A passing test's teardown acks the claim it still holds: a reviewer of the receipt
+    can tell that from the test's own ack()."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_acks_itself(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for().ack()
+
+        def test_leaves_it_to_teardown(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            isolated_mailbox.wait_for()
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+    result.assert_outcomes(passed=2)
+    consumed = {
+        name: [e.detail for e in receipt.events if e.status == "consumed"]
+        for name, (_, (receipt,)) in _junit_cases(pytester.path / "junit.xml").items()
+    }
+    (own,) = consumed["test_acks_itself"]
+    (at_teardown,) = consumed["test_leaves_it_to_teardown"]
+    assert re.fullmatch(r"m-[0-9a-f]+ fence \d+", own)
+    assert re.fullmatch(r"m-[0-9a-f]+ fence \d+, acked as the test passed holding it", at_teardown)
+
+
 #: What pytest-rerunfailures does, in brief: run a failed test's whole protocol again, on
 #: the same item (its user_properties kept), and report only the last attempt.
 RERUN_CONFTEST = """

@@ -163,6 +163,8 @@ _MAILBOX_SQL = "SELECT * FROM mailboxes WHERE mailbox_id = ?"
 _MESSAGES_SQL = "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq"
 _EVENTS_SQL = "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"
 _SECRETS_SQL = "SELECT * FROM secrets WHERE mailbox_id = ?"
+#: A consumed step's end when the passing test's close acked the claim it still held.
+_AT_CLOSE = ", acked as the test passed holding it"
 #: What a failed write tells: it was all one transaction, rolled back.
 _NOTHING_STORED = "nothing of this call was stored"
 
@@ -748,7 +750,7 @@ class Store:
                 " AND holder = ? AND lease_until > ?",
                 (mailbox_id, ack_for, now),
             ):
-                self._consume(tx, held["message_id"], held["fence"], mailbox_id, now)
+                self._consume(tx, held["message_id"], held["fence"], mailbox_id, now, _AT_CLOSE)
         self._released(tx, mailbox_id, reason, now)
         return Outcome(Status.RELEASED, detail=reason.value)
 
@@ -1401,8 +1403,11 @@ class Store:
         )
 
     @staticmethod
-    def _consume(tx: _Tx, message_id: str, fence: int, mailbox_id: str, now: float) -> None:
-        """``claimed → consumed`` for a claim already checked to be live under ``fence``."""
+    def _consume(
+        tx: _Tx, message_id: str, fence: int, mailbox_id: str, now: float, how: str = ""
+    ) -> None:
+        """``claimed → consumed`` for a claim already checked to be live under ``fence``;
+        ``how`` ends the step's detail (``_AT_CLOSE``: no ``ack()`` of the test's own)."""
         tx.run(
             "UPDATE messages SET state = 'consumed', consumed_at = ? WHERE message_id = ?",
             (now, message_id),
@@ -1413,7 +1418,7 @@ class Store:
             f"({_marks(ACTIVE)})",
             (mailbox_id, *ACTIVE),
         )
-        tx.event(mailbox_id, now, Status.CONSUMED, f"{message_id} fence {fence}")
+        tx.event(mailbox_id, now, Status.CONSUMED, f"{message_id} fence {fence}{how}")
 
     def _end_claims(self, tx: _Tx, mailbox_id: str, state: str, now: float) -> None:
         """End every claim on the mailbox's messages (release or expiry); one whose lease
