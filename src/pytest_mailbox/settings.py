@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import date, time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -436,27 +438,43 @@ def _overrides(override_ini: Iterable[str]) -> dict[str, str]:
     return found
 
 
+def _toml(value: object) -> str:
+    """A native TOML value (pytest 9's ``[tool.pytest]``) as TOML spells it: the user wrote
+    ``true`` and ``["a", 3]``, not Python's ``True`` and ``['a', 3]``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, date | time):
+        return value.isoformat()
+    return repr(value)
+
+
 def _parse(option: Option, value: object, source: str) -> Any:
     """One setting's value, validated; a TOML list for a setting that takes several."""
     if isinstance(value, list) and option.many:
         for index, item in enumerate(value):
             if not isinstance(item, str):
                 msg = (
-                    f"{source}={value!r} is invalid: item {index} is "
-                    f"{type(item).__name__} {item!r}, not a string; allowed: {option.allowed}"
+                    f"{source}={_toml(value)} is invalid: item {index} is {_toml(item)}, not a "
+                    f"string; allowed: {option.allowed}"
                 )
                 raise ValueError(msg)
         text = " ".join(value)
     elif isinstance(value, str | int | float) and not isinstance(value, bool):
         text = str(value).strip()
     else:  # a TOML boolean, date, table, or a list for a setting of one value
-        msg = f"{source}={value!r} is invalid; allowed: {option.allowed}"
+        msg = f"{source}={_toml(value)} is invalid; allowed: {option.allowed}"
         raise ValueError(msg)
     try:
         return option.parse(text)
     except (ValueError, TypeError):
-        shown = value if isinstance(value, list) else text
-        msg = f"{source}={shown!r} is invalid; allowed: {option.allowed}"
+        shown = _toml(value) if isinstance(value, list) else repr(text)
+        msg = f"{source}={shown} is invalid; allowed: {option.allowed}"
         raise ValueError(msg) from None
 
 
