@@ -2291,6 +2291,36 @@ def test_a_links_end_in_pytests_diff_of_two_strings_is_masked(
         assert piece not in text, piece
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_diffs_guide_line_under_a_masked_line_is_dropped(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """difflib's guide line (``?   ^^^^``) under the masked link pointed into it: where the
+    token differs from the expected one, and how long it is. The guide under the test's
+    own expected string stays."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        URL = "https://app.example.test/verify?token="
+
+        def test_wrong(isolated_mailbox, send):
+            send(isolated_mailbox.address, body=f"Go {URL}Zq8xYtK2mP4rT7wQ9sL1AbCdEfGh")
+            link = isolated_mailbox.wait_for().link()
+            assert link == f"{URL}Zq8xYtK2mP4rT7wQwrong"
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    for text in (result.stdout.str(), (pytester.path / "junit.xml").read_text()):
+        diff = [
+            line[1:].strip()
+            for line in text.splitlines()
+            if line.startswith("E ") and line[1:].strip()[:2] in ("- ", "+ ", "? ")
+        ]
+        assert [line[:2] for line in diff] == ["- ", "? ", "+ "], diff
+        assert diff[2].startswith("+ ••••")
+
+
 CUT_SUITE = """
 import unittest
 

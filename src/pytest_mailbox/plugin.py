@@ -761,7 +761,15 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
         if isinstance(node, list) and _lines(node):
             # Masked together: a diff's header says where the lines after it were cut.
             masked = mask("\n".join(node)).split("\n")
-            node[:] = masked if len(masked) == len(node) else [mask(line) for line in node]
+            if len(masked) != len(node):
+                masked = [mask(line) for line in node]
+            # A diff's guide line ("?   ^^^^") under a line the mask changed points into
+            # what is masked: where the secret differs, and how long it is.
+            node[:] = [
+                line
+                for i, line in enumerate(masked)
+                if not (i and masked[i - 1] != node[i - 1] and _DIFF_GUIDE.fullmatch(line))
+            ]
         elif isinstance(node, list):
             node[:] = [_masked(part, mask, seen) for part in node]
         else:
@@ -769,6 +777,10 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
                 if name != "style":  # "long", "short", …: read by pytest, never shown
                     setattr(node, name, _masked(value, mask, seen))
     return node
+
+
+#: difflib's guide line under a changed line of a diff, as pytest shows it.
+_DIFF_GUIDE = re.compile(r"E?\s*\? [\s^+-]*")
 
 
 def _lines(node: list[Any]) -> bool:
