@@ -728,6 +728,9 @@ def test_bad_toml_list_is_refused_naming_the_setting(
         ("mailbox_link_domains = true", "ini mailbox_link_domains=true"),
         ("mailbox_ttl = 1979-05-27", "ini mailbox_ttl=1979-05-27"),
         ("mailbox_timeout = false", "ini mailbox_timeout=false"),
+        ("mailbox_ttl = 0", "ini mailbox_ttl=0"),
+        ("mailbox_lease = inf", "ini mailbox_lease=inf"),
+        ('mailbox_receipts = {"a b" = 1.5}', 'ini mailbox_receipts={"a b" = 1.5}'),
         ("mailbox_receipts = {path = 'r.jsonl'}", 'ini mailbox_receipts={path = "r.jsonl"}'),
     ],
 )

@@ -38,7 +38,10 @@ __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "r
 #: ASCII letters and digits (a token's ``a1b23456c``). Links are taken out of the text
 #: before it is searched (``Message.code``): a link's token holds digit runs at random.
 DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])\d{4,8}(?![\dA-Za-z_])"
-_DEFAULT_CODE_SHOWN = "the default pattern (4 to 8 digits standing alone, outside links)"
+_DEFAULT_CODE_SHOWN = (
+    "the default pattern (4 to 8 digits outside links, standing alone, or glued to a word "
+    "where none stand alone)"
+)
 #: Looked for only when the default finds nothing: four to eight digits not touching other
 #: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
 #: reads ``Code482913``). Outside links too.

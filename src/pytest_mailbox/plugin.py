@@ -753,7 +753,10 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
     place (the ``seen`` ones once: a chain's last traceback is also the report's), strings
     and tuples replaced."""
     if isinstance(node, str):
-        return mask(node)
+        text = mask(node)
+        if text == node or "\n" not in text:
+            return text
+        return "\n".join(_unguided(text.split("\n")))  # the crash message, say
     if isinstance(node, tuple):
         return tuple(_masked(part, mask, seen) for part in node)
     if isinstance(node, list | TerminalRepr) and id(node) not in seen:
@@ -763,13 +766,7 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
             masked = mask("\n".join(node)).split("\n")
             if len(masked) != len(node):
                 masked = [mask(line) for line in node]
-            # A diff's guide line ("?   ^^^^") under a line the mask changed points into
-            # what is masked: where the secret differs, and how long it is.
-            node[:] = [
-                line
-                for i, line in enumerate(masked)
-                if not (i and masked[i - 1] != node[i - 1] and _DIFF_GUIDE.fullmatch(line))
-            ]
+            node[:] = masked if masked == node else _unguided(masked)
         elif isinstance(node, list):
             node[:] = [_masked(part, mask, seen) for part in node]
         else:
@@ -779,8 +776,22 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
     return node
 
 
-#: difflib's guide line under a changed line of a diff, as pytest shows it.
-_DIFF_GUIDE = re.compile(r"E?\s*\? [\s^+-]*")
+def _unguided(lines: list[str]) -> list[str]:
+    """``lines`` that the mask changed, without a diff's guide lines (``?   ^^^^``): under
+    either line of a pair they point at the characters in which the masked value differs
+    from the other, which is shown (``- 482914``, ``?      ^``, ``+ ••••13``: 482913).
+    A guide line follows the ``- `` or ``+ `` line it marks, with its indentation."""
+    kept: list[str] = []
+    for line in lines:
+        guide = _DIFF_GUIDE.fullmatch(line)
+        if guide and kept and kept[-1].startswith((guide[1] + "- ", guide[1] + "+ ")):
+            continue
+        kept.append(line)
+    return kept
+
+
+#: difflib's guide line, as pytest shows it: its indentation (group 1), then ``? ``.
+_DIFF_GUIDE = re.compile(r"(E?\s*)\? [\t ^+-]*")
 
 
 def _lines(node: list[Any]) -> bool:

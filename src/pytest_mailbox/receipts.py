@@ -17,9 +17,12 @@ if TYPE_CHECKING:  # the plugin imports this module in every process: pydantic o
 __all__ = ["RECEIPT_PROPERTY", "format_table", "main", "read_receipts"]
 
 RECEIPT_PROPERTY = "mailbox.receipt"
-#: The states a receipt's mailbox ends in: a receipt is written once it is closed, so
-#: ``consumed`` (a message's state) or ``waiting`` would only ever list nothing.
-_RECEIPT_STATES = [Status.RELEASED.value, Status.EXPIRED.value]
+#: The states a mailbox (so a receipt) can be in: a receipt's mailbox is closed
+#: (released or expired) unless it could not be, as when the store file was replaced.
+_MAILBOX_STATES = [
+    s.value
+    for s in (Status.RESERVED, Status.WAITING, Status.CLAIMED, Status.CONSUMED, Status.RELEASED)
+] + [Status.EXPIRED.value]
 
 
 def parse_receipt(value: str) -> Receipt | None:
@@ -95,7 +98,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     show.add_argument(
         "--state",
         default="",
-        choices=[*_RECEIPT_STATES, *(r.value for r in CloseReason)],
+        choices=[*_MAILBOX_STATES, *(r.value for r in CloseReason)],
         help="Only runs whose mailbox ended in this state or for this close reason, e.g. "
         "expired or released_error",
     )

@@ -448,10 +448,18 @@ def _toml(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml(item) for item in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
+        pairs = (f"{_toml_key(key)} = {_toml(item)}" for key, item in value.items())
+        return "{" + ", ".join(pairs) + "}"
     if isinstance(value, date | time):
         return value.isoformat()
     return repr(value)
+
+
+def _toml_key(key: object) -> str:
+    """A table's key as TOML spells it: bare if it may be, quoted otherwise."""
+    text = str(key)
+    bare = bool(text) and all(c.isascii() and (c.isalnum() or c in "-_") for c in text)
+    return text if bare else _toml(text)
 
 
 def _parse(option: Option, value: object, source: str) -> Any:
@@ -473,7 +481,7 @@ def _parse(option: Option, value: object, source: str) -> Any:
     try:
         return option.parse(text)
     except (ValueError, TypeError):
-        shown = _toml(value) if isinstance(value, list) else repr(text)
+        shown = repr(text) if isinstance(value, str) else _toml(value)  # 0, 1.5, inf, a list
         msg = f"{source}={shown} is invalid; allowed: {option.allowed}"
         raise ValueError(msg) from None
 

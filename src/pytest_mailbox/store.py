@@ -164,7 +164,7 @@ _MESSAGES_SQL = "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq"
 _EVENTS_SQL = "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"
 _SECRETS_SQL = "SELECT * FROM secrets WHERE mailbox_id = ?"
 #: A consumed step's end when the passing test's close acked the claim it still held.
-_AT_CLOSE = ", acked as the test passed holding it"
+_AT_CLOSE = ", acked at close as a success, not by ack()"
 #: What a failed write tells: it was all one transaction, rolled back.
 _NOTHING_STORED = "nothing of this call was stored"
 
