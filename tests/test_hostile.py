@@ -1309,11 +1309,13 @@ def test_deep_nesting_and_many_parts_still_yield_their_text(sink: MailSink) -> N
         ({"body_regex": "[_[:alpha:]]+"}, "[:alpha:] inside a set is read apart"),
         ({"subject": "Verify\r\nBcc: x"}, "a subject has no line breaks"),
         ({"subject_contains": "Verify\n"}, "a subject has no line breaks"),
+        ({"subject": "Verify\rBcc: x"}, "a subject has no line breaks"),
         ({"header": ("X-Run-Id", "r-1\r\nBcc: x")}, "a header value has no line breaks"),
         ({"header": ("X-Run-Id\n", "r-1")}, "a header name is printable ASCII"),
         # the address is compared: a display name could never match
         ({"sender": "Example App <noreply@app.example.test>"}, "an address alone, such as"),
         ({"sender": "app.example.test"}, "an address alone, such as"),
+        ({"sender": "noreply@app@example.test"}, "an address alone, such as"),
     ],
     ids=[
         "nested-plus",
@@ -1328,10 +1330,12 @@ def test_deep_nesting_and_many_parts_still_yield_their_text(sink: MailSink) -> N
         "posix-class-not-first",
         "subject-crlf",
         "subject-contains-lf",
+        "subject-bare-cr",
         "header-value-crlf",
         "header-name-lf",
         "sender-display-name",
         "sender-domain",
+        "sender-two-at-signs",
     ],
 )
 def test_bad_selector_is_refused_before_any_matching(

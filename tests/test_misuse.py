@@ -755,3 +755,53 @@ def test_a_lease_of_exactly_ttl_max_is_told_to_raise_ttl_alone() -> None:
     with pytest.raises(ValueError, match="exceeds") as refused:
         EmailContract(ttl=600, lease=3600).check_limits(ttl_max=3600)
     assert str(refused.value).endswith(f"; {LIMIT}")
+
+
+@pytest.mark.parametrize(
+    ("option", "lowest", "highest", "below", "above"),
+    [
+        ("port", "0", "65535", "-1", "65536"),
+        ("max_message_size", "1024", "1073741824", "1023", "1073741825"),
+        ("max_recipients", "1", "10000", "0", "10001"),
+        ("idle_timeout", "0.1", "3600", "0.09", "3600.5"),
+        ("ttl_max", "1", "86400", "0", "86401"),
+        ("max_reads", "1", "1000", "0", "1001"),
+        ("max_resends", "0", "1000", "-1", "1001"),
+        ("timeout", "0.001", "1e9", "0", None),
+        ("lease", "0.001", None, "0", None),
+        ("domain", "a" * 63 + ".test", None, None, "a" * 64 + ".test"),
+    ],
+)
+def test_a_setting_takes_the_ends_of_its_range_and_refuses_one_past_them(
+    option: str, lowest: str, highest: str | None, below: str | None, above: str | None
+) -> None:
+    for value in (lowest, highest):
+        if value is not None:
+            Settings.resolve(cli={option: value}, ini={}, env={})
+    allowed = next(o.allowed for o in OPTIONS if o.name == option)
+    flag = "--mailbox-" + option.replace("_", "-")
+    for value in (below, above):
+        if value is not None:
+            with pytest.raises(ValueError, match="is invalid") as refused:
+                Settings.resolve(cli={option: value}, ini={}, env={})
+            assert str(refused.value) == f"{flag}={value!r} is invalid; allowed: {allowed}"
+
+
+def test_an_empty_value_is_no_value_given() -> None:
+    settings = Settings.resolve(
+        cli={"ttl": "", "domain": None},
+        ini={"ttl": "42", "link_domains": []},
+        env={"PYTEST_MAILBOX_TTL": "", "PYTEST_MAILBOX_DOMAIN": ""},
+    )
+
+    assert (settings.contract.ttl, settings.sources["ttl"]) == (42, "ini mailbox_ttl")
+    assert (settings.domain, settings.sources["domain"]) == ("mailbox.test", "default")
+    assert settings.sources["link_domains"] == "default"
+
+
+def test_a_ttl_max_of_the_default_ttl_caps_nothing() -> None:
+    settings = Settings.resolve(cli={}, ini={"ttl_max": "300"}, env={})
+
+    assert settings.contract.ttl == 300
+    assert settings.sources["ttl"] == "default"
+    assert settings.contract_given == {}

@@ -18,13 +18,13 @@ import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import closing
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from pytest_mailbox import endpoint, plugin
-from pytest_mailbox.contract import MessageReceipt, Receipt
+from pytest_mailbox.contract import MessageReceipt, Receipt, ReceiptEvent
 from pytest_mailbox.endpoint import SmtpEndpoint
 from pytest_mailbox.receipts import format_table, read_receipts
 from pytest_mailbox.receipts import main as receipts_main
@@ -1240,6 +1240,12 @@ EMAIL_SETTINGS = ["EMAIL_BACKEND", "EMAIL_HOST", "EMAIL_PORT"]
         ),
         # No "default" added: send_mail() fails in the tests as in production.
         ((6, 1, 3, "final", 0), _DjangoSettings({"MAILERS": {"bulk": {}}}), ["bulk"]),
+        # A MAILERS beside a leftover EMAIL_* setting: the MAILERS counts.
+        (
+            (6, 1, 3, "final", 0),
+            _DjangoSettings({"MAILERS": {"bulk": {}}, "EMAIL_HOST": "smtp.example.com"}),
+            ["bulk"],
+        ),
         # Django's test environment sets EMAIL_BACKEND itself in a project without MAILERS.
         ((6, 1, 3, "final", 0), _DjangoSettings({"EMAIL_BACKEND": "x"}), ["default"]),
         ((5, 2, 8, "final", 0), _DjangoSettings({"MAILERS": {"default": {}}}), EMAIL_SETTINGS),
@@ -2447,6 +2453,54 @@ def test_the_receipts_table_counts_consumed_messages_only() -> None:
         ],
     )
     assert format_table([receipt]).splitlines()[2].split()[-2:] == ["2", "1"]
+
+
+def test_a_receipts_timeline_names_its_state_and_close_reason() -> None:
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    receipt = Receipt(
+        run_id="r-1",
+        nodeid="t::x",
+        mailbox_id="mbx-1",
+        address="a@mailbox.test",
+        purpose="mail",
+        state="released",
+        close_reason="released_success",
+        fence=1,
+        created_at=at,
+        expires_at=at,
+        events=[ReceiptEvent(at=at + timedelta(seconds=1.5), status="claimed", detail="m-1")],
+    )
+    assert receipt.timeline().splitlines() == [
+        "mailbox a@mailbox.test (mbx-1, run r-1, purpose mail): released, released_success",
+        "  +   1.500s  claimed          m-1",
+    ]
+
+
+def test_junit_receipts_are_read_from_their_own_property_only(tmp_path: Path) -> None:
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    receipt = Receipt(
+        run_id="r-1",
+        nodeid="t::x",
+        mailbox_id="mbx-1",
+        address="a@mailbox.test",
+        purpose="mail",
+        state="released",
+        fence=1,
+        created_at=at,
+        expires_at=at,
+    )
+    value = html.escape(receipt.model_dump_json(), quote=True)
+    path = tmp_path / "junit.xml"
+    # A line break before the root element, and a test's own property holding a copy.
+    path.write_text(
+        "\n<testsuites><testsuite><testcase><properties>"
+        f'<property name="mailbox.receipt" value="{value}"/>'
+        f'<property name="copy.of.receipt" value="{value}"/>'
+        "</properties></testcase></testsuite></testsuites>\n",
+        encoding="utf-8",
+    )
+
+    assert read_receipts(path) == [receipt]
 
 
 def test_a_fixture_that_fails_after_a_claim_shows_the_mailbox_section(
