@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -2435,40 +2436,40 @@ def test_values_cut_by_a_diff_or_by_unittest_are_masked_and_nothing_else(
     assert "- 2024 rewrite of the parser" in text
 
 
+#: When the receipts built by hand below were made.
+AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _receipt(**fields: Any) -> Receipt:
+    """A released mailbox's receipt built by hand, with ``fields`` on top."""
+    base = {
+        "run_id": "r-1",
+        "nodeid": "t::x",
+        "mailbox_id": "mbx-1",
+        "address": "a@mailbox.test",
+        "purpose": "mail",
+        "state": "released",
+        "fence": 1,
+        "created_at": AT,
+        "expires_at": AT,
+    }
+    return Receipt(**(base | fields))
+
+
 def test_the_receipts_table_counts_consumed_messages_only() -> None:
-    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    receipt = Receipt(
-        run_id="r-1",
-        nodeid="t::x",
-        mailbox_id="mbx-1",
-        address="a@mailbox.test",
-        purpose="mail",
-        state="released",
-        fence=1,
-        created_at=at,
-        expires_at=at,
+    receipt = _receipt(
         messages=[
-            MessageReceipt(message_id="m-1", received_at=at, subject="s", state="consumed"),
-            MessageReceipt(message_id="m-2", received_at=at, subject="s", state="waiting"),
+            MessageReceipt(message_id="m-1", received_at=AT, subject="s", state="consumed"),
+            MessageReceipt(message_id="m-2", received_at=AT, subject="s", state="waiting"),
         ],
     )
     assert format_table([receipt]).splitlines()[2].split()[-2:] == ["2", "1"]
 
 
 def test_a_receipts_timeline_names_its_state_and_close_reason() -> None:
-    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    receipt = Receipt(
-        run_id="r-1",
-        nodeid="t::x",
-        mailbox_id="mbx-1",
-        address="a@mailbox.test",
-        purpose="mail",
-        state="released",
+    receipt = _receipt(
         close_reason="released_success",
-        fence=1,
-        created_at=at,
-        expires_at=at,
-        events=[ReceiptEvent(at=at + timedelta(seconds=1.5), status="claimed", detail="m-1")],
+        events=[ReceiptEvent(at=AT + timedelta(seconds=1.5), status="claimed", detail="m-1")],
     )
     assert receipt.timeline().splitlines() == [
         "mailbox a@mailbox.test (mbx-1, run r-1, purpose mail): released, released_success",
@@ -2477,18 +2478,7 @@ def test_a_receipts_timeline_names_its_state_and_close_reason() -> None:
 
 
 def test_junit_receipts_are_read_from_their_own_property_only(tmp_path: Path) -> None:
-    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    receipt = Receipt(
-        run_id="r-1",
-        nodeid="t::x",
-        mailbox_id="mbx-1",
-        address="a@mailbox.test",
-        purpose="mail",
-        state="released",
-        fence=1,
-        created_at=at,
-        expires_at=at,
-    )
+    receipt = _receipt()
     value = html.escape(receipt.model_dump_json(), quote=True)
     path = tmp_path / "junit.xml"
     # A line break before the root element, and a test's own property holding a copy.
