@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
@@ -437,8 +438,27 @@ def test_renew_extends_the_lease_under_the_same_fence(store: Store, clock: Clock
     assert store.ack(message_id, claimed.fence or 0).status is Status.CONSUMED
 
 
+@pytest.fixture
+def count_scans(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[int]]:
+    """Counts, from the call on, each look a wait takes at the store (``Mailbox._scan``):
+    one entry a look, in the list it returns."""
+
+    def start() -> list[int]:
+        looks: list[int] = []
+        scan = Mailbox._scan
+
+        def counted(self: Mailbox, *args: Any, **kwargs: Any) -> Any:
+            looks.append(1)
+            return scan(self, *args, **kwargs)
+
+        monkeypatch.setattr(Mailbox, "_scan", counted)
+        return looks
+
+    return start
+
+
 def test_a_wait_looks_again_once_per_lease_whatever_the_store_clock_does(
-    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    store: Store, clock: Clock, count_scans: Callable[[], list[int]]
 ) -> None:
     """A wait wakes when a lease in its way ends, reckoned on the store's clock. One that
     stands still (a test's fake clock) never lets it end: the wait looked again every
@@ -447,14 +467,7 @@ def test_a_wait_looks_again_once_per_lease_whatever_the_store_clock_does(
     deliver(store, box)  # type: ignore[arg-type]  # a Mailbox has the address fields
     held = box.wait_for(subject="Verify", timeout=0, lease=30)
     clock.advance(30 - 0.001)  # a millisecond of the lease left, on a clock that stands still
-    scans: list[int] = []
-    scan = Mailbox._scan
-
-    def counted(self: Mailbox, *args: Any, **kwargs: Any) -> Any:
-        scans.append(1)
-        return scan(self, *args, **kwargs)
-
-    monkeypatch.setattr(Mailbox, "_scan", counted)
+    scans = count_scans()
     with pytest.raises(WaitTimeout, match="already claimed by this run"):
         box.wait_for(subject="Verify", timeout=0.5)
     # The first look, once when the lease should have ended, the last; only two if this
@@ -793,7 +806,7 @@ def test_concurrent_reconcile_expires_each_thing_once(db: Path, clock: Clock) ->
 
 
 def test_a_wait_wakes_for_no_lease_on_a_message_it_would_not_take(
-    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    store: Store, clock: Clock, count_scans: Callable[[], list[int]]
 ) -> None:
     """A lease that ends makes its message a candidate again, so a wait looks again then:
     for a message it would take only. Another message's lease ending is no news to it."""
@@ -801,14 +814,7 @@ def test_a_wait_wakes_for_no_lease_on_a_message_it_would_not_take(
     deliver(store, box)  # type: ignore[arg-type]  # a Mailbox has the address fields
     held = box.wait_for(subject="Verify", timeout=0, lease=30)
     clock.advance(30 - 0.001)  # the Verify lease ends a millisecond from now
-    scans: list[int] = []
-    scan = Mailbox._scan
-
-    def counted(self: Mailbox, *args: Any, **kwargs: Any) -> Any:
-        scans.append(1)
-        return scan(self, *args, **kwargs)
-
-    monkeypatch.setattr(Mailbox, "_scan", counted)
+    scans = count_scans()
     with pytest.raises(WaitTimeout):
         box.wait_for(subject="Reset", timeout=0.5)
     # The first look and the last (one only if this machine stalled past the deadline
