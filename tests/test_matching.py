@@ -406,6 +406,20 @@ def test_mail_another_processs_sink_took_is_seen_at_the_first_look(
         other.stop()
 
 
+def _assert_taken_again_when_its_lease_ends(store: Store, sink: MailSink, pauses: _Pauses) -> None:
+    """A message claimed under a short lease and never acked: a second wait for it takes
+    it once the lease ends, with a newer fence. The mailbox closes long before that wait's
+    deadline, so a wait that slept to its deadline finds it closed instead."""
+    contract = EmailContract(ttl=20)
+    box = Mailbox.reserve(store, contract=contract, domain="mailbox.test", signal=pauses)
+    send(sink, mail(box.address))
+    held = box.wait_for(subject="Welcome", timeout=10, lease=0.5)  # never acked
+
+    again = box.wait_for(subject="Welcome", timeout=60)
+
+    assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
+
+
 def test_a_wait_still_wakes_when_its_lease_ends_after_other_news_woke_it_first(
     handles: Callable[[], Store],
 ) -> None:
@@ -419,16 +433,7 @@ def test_a_wait_still_wakes_when_its_lease_ends_after_other_news_woke_it_first(
         pauses = _Pauses(
             first=lambda: Mailbox.reserve(other, contract=EmailContract(), domain="mailbox.test")
         )
-        # A mailbox that closes long before the wait's deadline: a wait that slept to its
-        # deadline would find it closed rather than take the message again.
-        contract = EmailContract(ttl=20)
-        box = Mailbox.reserve(store, contract=contract, domain="mailbox.test", signal=pauses)
-        send(sink, mail(box.address))
-        held = box.wait_for(subject="Welcome", timeout=10, lease=0.5)  # never acked
-
-        again = box.wait_for(subject="Welcome", timeout=60)
-
-        assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
+        _assert_taken_again_when_its_lease_ends(store, sink, pauses)
     finally:
         sink.stop()
 
@@ -459,15 +464,7 @@ def test_a_wait_wakes_when_its_lease_ends_though_the_store_clock_was_set_back_me
     sink = MailSink(handles(), domains=["mailbox.test"], name="main").start()
     try:
         with Store(db, clock=clock) as store:
-            pauses = _Pauses(first=clock.set_back)
-            contract = EmailContract(ttl=20)  # closes long before the wait's deadline
-            box = Mailbox.reserve(store, contract=contract, domain="mailbox.test", signal=pauses)
-            send(sink, mail(box.address))
-            held = box.wait_for(subject="Welcome", timeout=10, lease=0.5)  # never acked
-
-            again = box.wait_for(subject="Welcome", timeout=60)
-
-            assert (again.message_id, again.fence > held.fence) == (held.message_id, True)
+            _assert_taken_again_when_its_lease_ends(store, sink, _Pauses(first=clock.set_back))
     finally:
         sink.stop()
 
