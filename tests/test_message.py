@@ -398,23 +398,27 @@ def test_link_path_must_be_the_start_of_a_path(path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("domain", "shown"),
+    ("domain", "shown", "host"),
     [
-        ("app.example.test/verify", "'app.example.test/verify'"),
+        ("app.example.test/verify", "'app.example.test/verify'", "app.example.test"),
         (
             "https://app.example.test/verify?token=Zq8xK2pLmN4vB7cR9tYw",
             "'https://app.example.test/…?token=…'",
+            "app.example.test",
         ),
+        ("App.Example.test:8000/verify", "'App.Example.test:••00/verify'", "app.example.test:8000"),
+        ("482913.example.test/verify", "'••••13.example.test/verify'", "••••13.example.test"),
     ],
 )
 def test_a_domain_with_a_path_is_refused_rather_than_its_path_ignored(
-    domain: str, shown: str
+    domain: str, shown: str, host: str
 ) -> None:
+    """The refusal names the host to give (a code in it masked), and path=."""
     with pytest.raises(ExtractionError) as refused:
         plain(VERIFY).link(domain=domain)
     assert str(refused.value) == (
-        f"link(domain={shown}): give the host alone, and the start of the path as path= "
-        "(path='/verify')"
+        f"link(domain={shown}): give the host alone (domain='{host}') and the start of the "
+        "path as path=, such as path='/verify'"
     )
     assert plain(VERIFY).link(domain="https://app.example.test/") == VERIFY  # a host, as a URL
 

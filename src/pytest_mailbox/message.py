@@ -1352,9 +1352,11 @@ class Message:
                 msg = f"link(domain={shown}): give a host name such as 'app.example.test'"
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             if _path(url).strip("/") or any(c in url for c in "?#"):  # it would be ignored
+                host = mask_copied(wanted) + ("" if port is None else f":{port}")
                 msg = (
-                    f"link(domain={mask_copied(given)!r}): give the host alone, and the start "
-                    "of the path as path= (path='/verify')"
+                    f"link(domain={mask_copied(given)!r}): give the host alone "
+                    f"(domain={host!r}) and the start of the path as path=, "
+                    "such as path='/verify'"
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             candidates, where = self._links_on({wanted}), f" on {wanted}"
