@@ -1683,6 +1683,11 @@ def test_reveal_refuses_a_kind_or_argument_it_would_ignore(
         ({"ttl_max": "600"}, "agent_tools: ttl_max='600' is invalid; allowed: an integer 1..86400"),
         ({"ttl_max": -5}, "agent_tools: ttl_max=-5 is invalid; allowed: an integer 1..86400"),
         ({"resend": 42}, "agent_tools: resend=42 is invalid; allowed: a callable or None"),
+        (
+            {"ttl_max": 301},  # an agent asking for 301 s would be told yes, and get 300
+            "agent_tools: ttl_max=301 is above this run's ttl of 300 seconds (its "
+            "email_contract's: the mailbox lives no longer); allowed: an integer 1..300",
+        ),
     ],
 )
 def test_agent_tools_refuses_bad_arguments_when_made_not_at_the_first_call(
@@ -1878,6 +1883,19 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
         f"--store {missing}: no such file"
     )
     assert not missing.exists()
+    assert refused("--store", str(tmp_path), "--mailbox-id", own, "--fence", "1") == (
+        f"--store {tmp_path}: a directory, not a store file"
+    )
+    (junit := tmp_path / "report.xml").write_text("<testsuites/>")
+    assert refused("--store", str(junit), "--mailbox-id", own, "--fence", "1").startswith(
+        f"the store {junit} failed: file is not a database"
+    )  # and not a traceback
+    assert refused(
+        "--store", store, "--mailbox-id", own, "--fence", str(fence), "--ttl-max", "301"
+    ) == (
+        "agent_tools: ttl_max=301 is above this run's ttl of 300 seconds (its "
+        "email_contract's: the mailbox lives no longer); allowed: an integer 1..300"
+    )
     unknown = "mbx-000000000000"
     assert refused("--store", store, "--mailbox-id", unknown, "--fence", str(fence)) == (
         f"no mailbox {unknown} in {store}"
@@ -1898,6 +1916,27 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
     assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence)) == without_mcp
     assert journal_path(mailbox_store.path).is_file()
     bare.release()
+
+
+@SIGNUP
+def test_each_toolsets_mcp_server_enforces_that_toolsets_ttl_max(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """A test may make two toolsets with different caps; the MCP server of each enforced
+    the cap of the one made last."""
+    loose, strict = isolated_mailbox.agent_tools(), isolated_mailbox.agent_tools(ttl_max=30)
+
+    async def served(tools: AgentTools) -> str:
+        command = tools.mcp_command()
+        params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            result = await client.call_tool("reserve_mailbox", {"purpose": "signup", "ttl": 45})
+            return str((result.structured_content or {}).get("status"))
+
+    assert asyncio.run(served(loose)) == "reserved"
+    assert asyncio.run(served(strict)) == "policy_denied"
+    assert loose.mcp_command()[-2:] == ["--ttl-max", "120"]
 
 
 @SIGNUP

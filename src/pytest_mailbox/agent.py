@@ -419,8 +419,7 @@ class _Journal:
         # What admit() counts, read from an index: a call's cost does not grow with the run's.
         "CREATE INDEX IF NOT EXISTS evidence_budget ON evidence (mailbox_id, budget, allowed)",
         "CREATE INDEX IF NOT EXISTS evidence_tool ON evidence (mailbox_id, tool, allowed)",
-        "CREATE TABLE IF NOT EXISTS bindings (mailbox_id TEXT PRIMARY KEY,"
-        " contract TEXT NOT NULL, ttl_max INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS bindings (mailbox_id TEXT PRIMARY KEY, contract TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS calls (mailbox_id TEXT PRIMARY KEY, made INTEGER NOT NULL)",
     )
 
@@ -444,19 +443,19 @@ class _Journal:
         finally:
             conn.close()  # an uncommitted transaction is rolled back
 
-    def bind(self, mailbox_id: str, contract: EmailContract, ttl_max: int) -> None:
+    def bind(self, mailbox_id: str, contract: EmailContract) -> None:
         with self._connect() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO bindings VALUES (?,?,?)",
-                (mailbox_id, contract.model_dump_json(), ttl_max),
+                "INSERT OR REPLACE INTO bindings VALUES (?,?)",
+                (mailbox_id, contract.model_dump_json()),
             )
 
-    def binding(self, mailbox_id: str) -> tuple[EmailContract, int] | None:
+    def binding(self, mailbox_id: str) -> EmailContract | None:
         with self._connect() as conn:
             row = conn.execute(
-                "SELECT contract, ttl_max FROM bindings WHERE mailbox_id = ?", (mailbox_id,)
+                "SELECT contract FROM bindings WHERE mailbox_id = ?", (mailbox_id,)
             ).fetchone()
-        return None if row is None else (EmailContract.model_validate_json(row[0]), int(row[1]))
+        return None if row is None else EmailContract.model_validate_json(row[0])
 
     def admit(
         self, entry: AgentEvidence, budget: str | None, limit: int | None
@@ -667,6 +666,13 @@ class AgentTools:
         except ValueError as exc:
             msg = f"agent_tools: {exc}"
             raise ContractError(msg) from None
+        if self.ttl_max > self.contract.ttl:  # it would allow a ttl the mailbox never has
+            msg = (
+                f"agent_tools: ttl_max={self.ttl_max} is above this run's ttl of "
+                f"{self.contract.ttl} seconds (its email_contract's: the mailbox lives no "
+                f"longer); allowed: an integer 1..{self.contract.ttl}"
+            )
+            raise ContractError(msg)
         self._resend = resend
         self._tools = {t.name: t for t in _TOOLS if resend is not None or t.budget != "resends"}
         self._limits = {"reads": self.contract.max_reads, "resends": self.contract.max_resends}
@@ -680,11 +686,14 @@ class AgentTools:
         #: changes, and a large one takes up to SEARCH_LIMIT to read for codes each time.
         self._carrying: dict[tuple[str, str], bool] = {}
         self._journal = _Journal(journal_path(mailbox.store.path))
-        self._journal.bind(mailbox.mailbox_id, self.contract, self.ttl_max)
+        self._journal.bind(mailbox.mailbox_id, self.contract)
 
     @classmethod
-    def attach(cls, store: Store, mailbox_id: str, fence: int) -> AgentTools:
-        """The toolset that a test made with ``agent_tools()``, from another process."""
+    def attach(
+        cls, store: Store, mailbox_id: str, fence: int, ttl_max: int | None = None
+    ) -> AgentTools:
+        """The toolset that a test made with ``agent_tools(ttl_max=)``, from another process
+        (``mcp_command()`` carries its ``ttl_max``; None: the contract's ttl, the default)."""
         row = store.mailbox(mailbox_id)
         if row is None:
             msg = f"no mailbox {mailbox_id} in {store.path}"
@@ -692,11 +701,10 @@ class AgentTools:
         if row.fence != fence:
             msg = f"fence {fence} is stale: mailbox {mailbox_id} has fence {row.fence}"
             raise ValueError(msg)
-        binding = _Journal(journal_path(store.path)).binding(mailbox_id)
-        if binding is None:
+        contract = _Journal(journal_path(store.path)).binding(mailbox_id)
+        if contract is None:
             msg = f"mailbox {mailbox_id} has no agent tools; call agent_tools() in its test first"
             raise ValueError(msg)
-        contract, ttl_max = binding
         return cls(Mailbox(store, row, contract=contract, nodeid=row.owner), ttl_max=ttl_max)
 
     # -- definitions -------------------------------------------------------------------------
@@ -736,6 +744,9 @@ class AgentTools:
             self.mailbox.mailbox_id,
             "--fence",
             str(self.mailbox.fence),
+            # Each toolset's own: a test may make two, with different caps.
+            "--ttl-max",
+            str(self.ttl_max),
         ]
 
     # -- calls -------------------------------------------------------------------------------

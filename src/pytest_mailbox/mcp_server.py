@@ -1,7 +1,7 @@
 """The agent tools of one run as an MCP server over stdio (``pytest-mailbox[mcp]``).
 
-``python -m pytest_mailbox.mcp_server --store PATH --mailbox-id ID --fence N`` serves the
-tools that the run's test made with ``isolated_mailbox.agent_tools()`` (whose
+``python -m pytest_mailbox.mcp_server --store PATH --mailbox-id ID --fence N --ttl-max S``
+serves the tools that the run's test made with ``isolated_mailbox.agent_tools()`` (whose
 ``mcp_command()`` is this command line), under the same policy, budgets and evidence
 journal. Every answer is a result with ``structuredContent``; refusals such as
 ``policy_denied`` or ``budget_exceeded`` are ordinary results, never ``isError``, so the
@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_mailbox.agent import AgentTools
+from pytest_mailbox.errors import StoreError
 from pytest_mailbox.store import Store
 
 if TYPE_CHECKING:
@@ -155,6 +156,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, required=True, help="The run's store file")
     parser.add_argument("--mailbox-id", required=True, help="The run's mailbox_id")
     parser.add_argument("--fence", type=int, required=True, help="The mailbox's fence")
+    parser.add_argument(
+        "--ttl-max",
+        type=int,
+        help="The toolset's agent_tools(ttl_max=) (default: the contract's ttl)",
+    )
     args = parser.parse_args(argv)
     try:
         # Both: anyio also comes with httpx, starlette or fastapi, where mcp is missing.
@@ -163,11 +169,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         parser.error(_MISSING)
     if not args.store.is_file():
-        parser.error(f"--store {args.store}: no such file")
-    store = Store(args.store)
+        found = "a directory, not a store file" if args.store.is_dir() else "no such file"
+        parser.error(f"--store {args.store}: {found}")
     try:
-        tools = AgentTools.attach(store, args.mailbox_id, args.fence)
-    except ValueError as exc:
+        store = Store(args.store)
+    except StoreError as exc:  # not SQLite, or not a store: the message says which
+        parser.error(str(exc))
+    try:
+        tools = AgentTools.attach(store, args.mailbox_id, args.fence, args.ttl_max)
+    except ValueError as exc:  # ContractError too: a --ttl-max out of range
         store.close()
         parser.error(str(exc))
     try:
