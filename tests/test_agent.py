@@ -21,6 +21,7 @@ import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from pathlib import Path
@@ -430,17 +431,52 @@ def test_evidence_from_an_mcp_server_masks_what_the_test_extracted(
     command = tools.mcp_command()
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
 
-    async def session() -> dict[str, Any]:
+    own = isolated_mailbox.mailbox_id
+    quoted = {"fixture_id": own, "selector": {"subject_contains": f"code {code}."}}
+
+    async def session() -> list[dict[str, Any]]:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
             await client.initialize()
-            result = await client.call_tool(code, {})  # the server's process never saw it
-            return dict(result.structured_content or {})
+            # the server's process never saw the code: it has the store's digests
+            echoed = await client.call_tool(code, {})
+            claimed = await client.call_tool("claim_message", quoted)
+            return [dict(r.structured_content or {}) for r in (echoed, claimed)]
 
-    assert asyncio.run(session())["status"] == "rejected"
-    (entry,) = tools.evidence()
+    echoed, claimed = asyncio.run(session())
+    assert echoed["reason"] == f"there is no tool '••••••WB'; the tools are {TOOLS}"
+    assert claimed["status"] == "waiting"
+    assert code not in json.dumps([echoed, claimed])
+    assert code not in journal_text(isolated_mailbox)  # on disk, not only as read back
+    entry, claim = tools.evidence()
     assert entry.tool == "••••••WB"
     assert entry.reason == f"there is no tool '••••••WB'; the tools are {TOOLS}"
+    assert claim.arguments["selector"]["subject_contains"] == "code ••••••WB."
     assert code not in dump_receipt(isolated_mailbox.receipt())
+
+
+@pytest.mark.email_contract(purpose="signup", link_domains=[APP])
+def test_an_answer_masks_the_token_of_a_link_the_test_extracted(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """Only the running test masks a link's token that looks like a word with a digit
+    (``kq7pxzmw``); an answer quoting the agent's echo of it, and the journal on disk,
+    showed it in clear (the evidence read back was masked)."""
+    app.send(isolated_mailbox.address, "Verify", f"Open https://{APP}/v?token=kq7pxzmw now.\n")
+    isolated_mailbox.wait_for(timeout=10).link(APP)
+    tools = isolated_mailbox.agent_tools()
+
+    answer = tools.call("kq7pxzmw", {}, tool_call_id="kq7pxzmw")
+
+    assert answer["reason"] == f"there is no tool '••••••mw'; the tools are {TOOLS}"
+    assert "kq7pxzmw" not in journal_text(isolated_mailbox)
+    ((entry),) = tools.evidence()
+    assert (entry.tool, entry.tool_call_id) == ("••••••mw", "••••••mw")
+
+
+def journal_text(mailbox: Mailbox) -> str:
+    """Every evidence entry as the journal's file holds it, read with plain SQLite."""
+    with closing(sqlite3.connect(journal_path(mailbox.store.path))) as conn:
+        return "\n".join(row[0] for row in conn.execute("SELECT entry FROM evidence"))
 
 
 # -- misbehaviour: an exact answer, nothing executed ------------------------------------------

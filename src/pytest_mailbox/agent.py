@@ -600,11 +600,11 @@ _ID_FIELDS = frozenset({"fixture_id", "message_id"})
 _NOT_THIS_RUNS = "(not this run's)"  # the evidence's fixture_id of a call on another mailbox
 
 
-def _id_unextracted(text: str) -> str:
+def _id_unextracted(text: str, hide: Callable[[str], str] = _unextracted) -> str:
     """An id the agent sent, masked only if it is a value the test extracted, whole or
     after its ``m-`` / ``mbx-`` prefix."""
     bare = text.split("-", 1)[-1]
-    return _unextracted(text) if {text, bare} & TEST_EXTRACTED else text
+    return hide(text) if {text, bare} & TEST_EXTRACTED else text
 
 
 def _call_id(text: object) -> str:
@@ -770,6 +770,8 @@ class AgentTools:
         )
         try:
             answer = self._affordable(self._decide(name, arguments, call))
+            if answer.reason is not None:  # it may quote the agent: "there is no tool …"
+                answer = answer.model_copy(update={"reason": self._hide(answer.reason)})
             if self.contract.mode == "dry-run":
                 answer = answer.model_copy(update={"dry_run": True})
             if not call.quiet:
@@ -816,10 +818,18 @@ class AgentTools:
         server that shuts down (the MCP server calls it when its client goes away)."""
         self._closing.set()
 
+    def _hide(self, text: str) -> str:
+        """``text`` with every link and code this run extracted masked: those this process
+        knows (``_unextracted``), and, by the digests the store keeps, a code the test
+        extracted in its own process, which an MCP server's process never saw."""
+        return _unextracted(self.mailbox._unleaked(text))
+
     def _entry(
         self, call: _Call, status: str, reason: str | None, latency_ms: float
     ) -> AgentEvidence:
-        return AgentEvidence(
+        """The call's evidence, as the journal keeps it: with what the run extracted
+        masked in every text the agent chose, on disk too."""
+        entry = AgentEvidence(
             at=call.at,
             run_id=self.mailbox.run_id,
             mailbox_id=self.mailbox.mailbox_id,
@@ -832,6 +842,7 @@ class AgentTools:
             reason=reason,
             latency_ms=latency_ms,
         )
+        return _remasked(entry, self._hide)
 
     def _record(self, call: _Call, answer: Answer, started: float) -> None:
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -1336,34 +1347,36 @@ class AgentTools:
         return [_remasked(entry) for entry in self._journal.entries(self.mailbox.mailbox_id)]
 
 
-def _remasked(entry: AgentEvidence) -> AgentEvidence:
-    """``entry`` with what the test extracted masked in its agent-chosen texts."""
+def _remasked(
+    entry: AgentEvidence, hide: Callable[[str], str] = _unextracted
+) -> AgentEvidence:
+    """``entry`` with what the test extracted masked (``hide``) in its agent-chosen texts."""
     update: dict[str, Any] = {
-        "tool": _unextracted(entry.tool),
-        "tool_call_id": _unextracted(entry.tool_call_id),
+        "tool": hide(entry.tool),
+        "tool_call_id": hide(entry.tool_call_id),
     }
     if entry.reason is not None:
-        update["reason"] = _unextracted(entry.reason)
+        update["reason"] = hide(entry.reason)
     # Every text the agent chose: a purpose may be a lower-case code it echoes.
-    update["arguments"] = _texts_unextracted(entry.arguments)
+    update["arguments"] = _texts_unextracted(entry.arguments, hide)
     return entry.model_copy(update=update)
 
 
-def _texts_unextracted(value: Any) -> Any:
-    """``value`` (JSON) with what the test extracted masked in each of its strings; an id
-    only if it is such a value whole, not where a short code happens to sit in its hex
-    (``m-4965e5558d22``: the id ties the entry to the receipt's message)."""
+def _texts_unextracted(value: Any, hide: Callable[[str], str] = _unextracted) -> Any:
+    """``value`` (JSON) with what the test extracted masked (``hide``) in each of its
+    strings; an id only if it is such a value whole, not where a short code happens to sit
+    in its hex (``m-4965e5558d22``: the id ties the entry to the receipt's message)."""
     if isinstance(value, str):
-        return _unextracted(value)
+        return hide(value)
     if isinstance(value, dict):
         return {
-            key: _id_unextracted(item)
+            key: _id_unextracted(item, hide)
             if key in _ID_FIELDS and isinstance(item, str)
-            else _texts_unextracted(item)
+            else _texts_unextracted(item, hide)
             for key, item in value.items()
         }
     if isinstance(value, list):
-        return [_texts_unextracted(item) for item in value]
+        return [_texts_unextracted(item, hide) for item in value]
     return value
 
 
