@@ -57,6 +57,11 @@ DOMAIN = "mailbox.test"
 TOOLS = "reserve_mailbox, wait_for_message, claim_message, ack_message, release_mailbox"
 VOLATILE = ("remaining_ms", "received_at", "lease_ms")
 SIGNUP = pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, link_domains=[APP])
+#: What wait_for_message says of the messages it looked into and does not offer, by kind.
+LACKING = {
+    "code": "no single code (none, or several: the test reads such a one with a pattern)",
+    "link": "no link on an allowed host",
+}
 
 
 @dataclass
@@ -1078,7 +1083,8 @@ def test_refusals_of_the_store_are_answers_that_tell_what_to_do(
     app.welcome(isolated_mailbox.address)  # carries neither a link nor a code
     for kind in ("code", "link"):
         assert call("wait_for_message", kind=kind, timeout=0) == nothing | {
-            "reason": f"no message with a {kind} yet",
+            # said, so that an agent may tell its harness rather than poll on
+            "reason": f"no message with a {kind} yet; 1 message(s) arrived with {LACKING[kind]}",
             "next_action": {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500},
         }
     app.signup(isolated_mailbox.address)
@@ -1372,8 +1378,9 @@ def test_a_wait_for_message_reads_each_message_once_and_stops_at_its_timeout(
     tools = isolated_mailbox.agent_tools()
     arguments = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 0}
 
-    assert tools.call("wait_for_message", arguments)["reason"] == "no message with a code yet"
-    assert tools.call("wait_for_message", arguments)["reason"] == "no message with a code yet"
+    none = "no message with a code yet; {} message(s) arrived with " + LACKING["code"]
+    assert tools.call("wait_for_message", arguments)["reason"] == none.format(3)
+    assert tools.call("wait_for_message", arguments)["reason"] == none.format(3)
     assert len(read) == len(set(read)) == 3  # each read once, all in the first call
 
     # Each as large as could be: past its reading time, a call reads one more at most.
@@ -1384,10 +1391,10 @@ def test_a_wait_for_message_reads_each_message_once_and_stops_at_its_timeout(
     assert len(read) == len(set(read)) == 3  # one each, over the first three calls
     left = "message(s) not looked into in time (large ones take long to read)"
     assert answers == [
-        f"no message with a code yet; 2 {left}, which the next call goes on with",
-        f"no message with a code yet; 1 {left}, which the next call goes on with",
-        "no message with a code yet",
-        "no message with a code yet",
+        f"{none.format(1)}; 2 {left}, which the next call goes on with",
+        f"{none.format(2)}; 1 {left}, which the next call goes on with",
+        none.format(3),
+        none.format(3),
     ]
 
 
@@ -2269,6 +2276,9 @@ def test_what_a_toolset_remembers_of_a_message_is_kept_per_kind(
     for_link = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
     assert for_link["next_action"] == {"do": "call", "tool": "claim_message"}  # offered
     for_code = tools.call("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 0})
-    assert (for_code["status"], for_code["reason"]) == ("waiting", "no message with a code yet")
+    assert (for_code["status"], for_code["reason"]) == (
+        "waiting",
+        f"no message with a code yet; 1 message(s) arrived with {LACKING['code']}",
+    )
     poll = {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500}
     assert for_code["next_action"] == poll

@@ -588,6 +588,12 @@ def _unextracted(text: str) -> str:
     return masked
 
 
+#: What a message that ``wait_for_message`` does not offer lacks, by kind.
+_NONE_OF = {
+    "link": "no link on an allowed host",
+    "code": "no single code (none, or several: the test reads such a one with a pattern)",
+}
+
 _DIGIT_OR_CAPITAL = re.compile(r"[^\W_a-z]")  # a code has a digit or a capital
 
 
@@ -1092,6 +1098,7 @@ class AgentTools:
         reading_until = time.monotonic() + max(args.timeout, READ_ALLOWANCE)
         read: list[str] = []  # looked into by this call
         unread: set[str] = set()  # not looked into in time: the next call goes on
+        without: set[str] = set()  # looked into, and no kind found: polling will not help
 
         def carries(message: Message) -> bool:
             key = (message.message_id, args.kind)
@@ -1102,6 +1109,8 @@ class AgentTools:
                     return False
                 read.append(message.message_id)
                 known = self._carrying[key] = self._carries(message, args.kind)
+            if not known:
+                without.add(message.message_id)
             return known
 
         offered = self.mailbox.look_for(
@@ -1118,6 +1127,8 @@ class AgentTools:
         )
         if not offered:
             waiting = f"no message with a {args.kind} yet"
+            if without:  # the agent may tell its harness rather than spend its reads
+                waiting += f"; {len(without)} message(s) arrived with {_NONE_OF[args.kind]}"
             if unread:
                 waiting += f"; {left}"
             return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
