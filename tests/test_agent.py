@@ -1665,10 +1665,26 @@ def test_reveal_picks_one_of_several_links_on_the_host_by_path(
 
 @SIGNUP
 def test_reveal_gives_the_harness_what_the_model_never_sees(
-    isolated_mailbox: Mailbox, app: SignupApp
+    isolated_mailbox: Mailbox,
+    app: SignupApp,
+    mailbox_store: Store,
+    email_contract: EmailContract,
 ) -> None:
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
+    other = Mailbox.reserve(mailbox_store, contract=email_contract, domain=isolated_mailbox.domain)
+    app.signup(other.address)
+    (theirs,) = mailbox_store.messages(other.mailbox_id)
+    # no claim can make these the run's: the answer does not send the agent to claim them
+    for wrong, shown in ((theirs.message_id, theirs.message_id), ("483920", "••••20")):
+        with pytest.raises(MailboxClosed) as foreign:
+            tools.reveal(wrong)
+        assert foreign.value.status is Status.POLICY_DENIED
+        assert str(foreign.value) == (
+            f"reveal: '{shown}' is not a message of {isolated_mailbox.address}; pass a "
+            "message_id that this run's tools answered with"
+        )
+    other.release()
     app.signup(isolated_mailbox.address)
     found = tools.call("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 10})
     message_id = found["message_id"]
@@ -1682,10 +1698,10 @@ def test_reveal_gives_the_harness_what_the_model_never_sees(
     claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}, "lease": None})
     with pytest.raises(ContractError, match=r"link domain 'evil\.example\.test' is not allowed"):
         tools.reveal(message_id, domain="evil.example.test")
-    assert tools.reveal(message_id, kind="code") == app.sent[0]["code"]
+    assert tools.reveal(message_id, kind="code") == app.sent[1]["code"]
     ack = {"fixture_id": own, "message_id": message_id, "fence": claimed["fence"]}
     assert tools.call("ack_message", ack)["status"] == "consumed"
-    assert tools.reveal(message_id, domain=APP) == app.sent[0]["link"]  # still ours, consumed
+    assert tools.reveal(message_id, domain=APP) == app.sent[1]["link"]  # still ours, consumed
     receipt = isolated_mailbox.receipt()
     assert sorted(s.kind for s in receipt.messages[0].secrets) == ["code", "link"]
     app.assert_secret_free(json.dumps([found, claimed]), dump_receipt(receipt))

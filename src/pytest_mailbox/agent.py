@@ -1334,11 +1334,15 @@ class AgentTools:
         mailbox = self.mailbox
         row = mailbox.store.message(message_id)
         now = mailbox.store.clock()
-        if (
-            row is None
-            or row.mailbox_id != mailbox.mailbox_id
-            or row.holder != mailbox.run_id
-            or not (row.state == Status.CONSUMED.value or row.leased(now))
+        if row is None or row.mailbox_id != mailbox.mailbox_id:
+            # No claim can help: say so, rather than send the agent to claim it.
+            msg = (
+                f"reveal: {mask_copied(_str(message_id))!r} is not a message of "
+                f"{mailbox.address}; pass a message_id that this run's tools answered with"
+            )
+            raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
+        if row.holder != mailbox.run_id or not (
+            row.state == Status.CONSUMED.value or row.leased(now)
         ):
             msg = (
                 f"{message_id} is not a message that run {mailbox.run_id} holds in "
