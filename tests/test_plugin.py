@@ -1687,14 +1687,24 @@ def test_receipts_are_read_back_whatever_their_subject_holds_and_behind_a_bom(
             assert [m.subject for m in receipt.messages] == ["Verify\x85 now\u2028or\u2029later"]
 
 
+NOT_RECEIPTS = "not JUnit XML or pytest-mailbox JSON Lines receipts"
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
         (None, "not a file"),  # a directory
         ("missing", "no such file"),
-        (b'{"run_id": 1}\n', "not JUnit XML or pytest-mailbox JSON Lines receipts"),
-        (b"<testsuites><testsuite>", "not JUnit XML or pytest-mailbox JSON Lines receipts"),
-        (b"\xff\xfe\x00binary", "not JUnit XML or pytest-mailbox JSON Lines receipts"),
+        (b'{"run_id": 1}\n', f"{NOT_RECEIPTS} (line 1 is not a receipt ("),
+        # which line, in a file of thousands: one cut short when its writer died, say
+        (b'\n\n{"run_id": "r-1", "nodeid": "t.py::te\n', f"{NOT_RECEIPTS} (line 3 is not a"),
+        (b"<testsuites><testsuite>", NOT_RECEIPTS),
+        # XML that is no JUnit report (an HTML report named .xml) listed no runs, rc 0
+        (
+            b"<html><body>5 passed</body></html>",
+            f"{NOT_RECEIPTS} (XML whose root is <html>, not a JUnit report's <testsuites>)",
+        ),
+        (b"\xff\xfe\x00binary", NOT_RECEIPTS),
     ],
 )
 def test_receipts_cli_names_a_file_it_cannot_read(
@@ -1716,6 +1726,18 @@ def test_receipts_cli_names_a_file_it_cannot_read(
     assert proc.returncode == 2
     assert f"error: {path}: {expected}" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("usage: python -m pytest_mailbox receipts ")  # its own
+
+
+def test_receipts_cli_says_an_unknown_option_with_its_own_usage(tmp_path: Path) -> None:
+    (tmp_path / "r.jsonl").write_text("")
+    argv = [sys.executable, "-m", "pytest_mailbox", "receipts", str(tmp_path / "r.jsonl")]
+
+    proc = subprocess.run([*argv, "--timline"], capture_output=True, text=True, check=False)
+
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: python -m pytest_mailbox receipts ")
+    assert proc.stderr.endswith("error: unrecognized arguments: --timline\n")
 
 
 def test_receipts_cli_refuses_an_unknown_state(tmp_path: Path) -> None:

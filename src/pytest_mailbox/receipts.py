@@ -42,14 +42,20 @@ def read_receipts(path: str | Path) -> list[Receipt]:
     """Every receipt in a JUnit XML file (``<property name="mailbox.receipt">``) or JSONL file.
 
     A JUnit property of that name that holds no receipt (a test recorded its own) is
-    skipped; a JSON Lines file holds receipts only, and a line that is not one raises.
+    skipped; a JSON Lines file holds receipts only, and a line that is not one raises
+    ``ValueError`` naming it, as does XML that is not a JUnit report.
     """
-    from pytest_mailbox.contract import Receipt  # noqa: PLC0415 - see TYPE_CHECKING above
+    from pydantic import ValidationError  # noqa: PLC0415 - see TYPE_CHECKING above
+
+    from pytest_mailbox.contract import Receipt  # noqa: PLC0415
 
     path = Path(path)
     text = path.read_text(encoding="utf-8-sig")  # a BOM a tool that re-saved it may add
     if text.lstrip().startswith("<"):
         root = ET.fromstring(text)
+        if root.tag not in ("testsuites", "testsuite"):  # an HTML report, say: not 0 runs
+            msg = f"XML whose root is <{root.tag}>, not a JUnit report's <testsuites>"
+            raise ValueError(msg)
         parsed = (
             parse_receipt(prop.get("value", ""))
             for prop in root.iter("property")
@@ -58,7 +64,16 @@ def read_receipts(path: str | Path) -> list[Receipt]:
         return [receipt for receipt in parsed if receipt is not None]
     # Lines end at "\n" only: a subject may hold U+0085, U+2028 or U+2029, which JSON
     # leaves as they are and str.splitlines() would break a line at.
-    return [Receipt.model_validate_json(line) for line in text.split("\n") if line.strip()]
+    receipts = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            try:
+                receipts.append(Receipt.model_validate_json(line))
+            except ValidationError as exc:  # which line: a file may hold thousands
+                first = str(exc).splitlines()[0]
+                msg = f"line {number} is not a receipt ({first})"
+                raise ValueError(msg) from None
+    return receipts
 
 
 def format_table(receipts: Iterable[Receipt]) -> str:
@@ -103,19 +118,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         "expired or released_error",
     )
     show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's parser, so its usage is the one shown
+        show.error(f"unrecognized arguments: {' '.join(unknown)}")
     # A run_id names one run of one test: the JUnit XML and the JSON Lines of one pytest run
     # hold the same receipts, so a run given in both is listed once.
     receipts: dict[str, Receipt] = {}
     for file in args.files:
         if not file.is_file():
-            parser.error(f"{file}: {'not a file' if file.exists() else 'no such file'}")
+            show.error(f"{file}: {'not a file' if file.exists() else 'no such file'}")
         try:
             for receipt in read_receipts(file):
                 receipts.setdefault(receipt.run_id, receipt)
         except (ValueError, ET.ParseError) as exc:  # ValidationError is a ValueError
             first = str(exc).splitlines()[0]
-            parser.error(f"{file}: not JUnit XML or pytest-mailbox JSON Lines receipts ({first})")
+            show.error(f"{file}: not JUnit XML or pytest-mailbox JSON Lines receipts ({first})")
     chosen = [
         r
         for r in receipts.values()
