@@ -1362,9 +1362,7 @@ class AgentTools:
         return [_remasked(entry) for entry in self._journal.entries(self.mailbox.mailbox_id)]
 
 
-def _remasked(
-    entry: AgentEvidence, hide: Callable[[str], str] = _unextracted
-) -> AgentEvidence:
+def _remasked(entry: AgentEvidence, hide: Callable[[str], str] = _unextracted) -> AgentEvidence:
     """``entry`` with what the test extracted masked (``hide``) in its agent-chosen texts."""
     update: dict[str, Any] = {
         "tool": hide(entry.tool),

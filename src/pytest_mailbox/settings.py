@@ -212,7 +212,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "receipts",
-        "Write every run's receipt to this JSON Lines file",
+        "Write every run's receipt to this JSON Lines file (its folder is made if missing)",
         "",
         "a path to a regular file, new or to overwrite (not a directory, device or pipe)",
         _path,
