@@ -636,6 +636,8 @@ def _problems(tool: str, exc: Exception) -> str:
         where = ".".join(_name(part) for part in error["loc"])
         if error["type"] == "extra_forbidden":
             problems.append(f"unknown field {where!r}")
+        elif error["type"] == "model_type":  # pydantic's words name a class of ours
+            problems.append(f"{where}: should be a JSON object")
         else:
             problems.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
     return f"invalid arguments for {tool}: " + "; ".join(problems)
