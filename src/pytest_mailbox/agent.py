@@ -779,7 +779,7 @@ class AgentTools:
         try:
             answer = self._affordable(self._decide(name, arguments, call))
             if answer.reason is not None:  # it may quote the agent: "there is no tool …"
-                answer = answer.model_copy(update={"reason": self._hide(answer.reason)})
+                answer = answer.model_copy(update={"reason": self._hider()(answer.reason)})
             if self.contract.mode == "dry-run":
                 answer = answer.model_copy(update={"dry_run": True})
             if not call.quiet:
@@ -826,11 +826,13 @@ class AgentTools:
         server that shuts down (the MCP server calls it when its client goes away)."""
         self._closing.set()
 
-    def _hide(self, text: str) -> str:
-        """``text`` with every link and code this run extracted masked: those this process
-        knows (``_unextracted``), and, by the digests the store keeps, a code the test
-        extracted in its own process, which an MCP server's process never saw."""
-        return _unextracted(self.mailbox._unleaked(text))
+    def _hider(self) -> Callable[[str], str]:
+        """What masks a text of this call: every link and code this run extracted, those
+        this process knows (``_unextracted``), and, by the digests the store keeps (read
+        once here), a code the test extracted in its own process, which an MCP server's
+        process never saw."""
+        recorded = self.mailbox._digests()
+        return lambda text: _unextracted(self.mailbox._unleaked(text, recorded))
 
     def _entry(
         self, call: _Call, status: str, reason: str | None, latency_ms: float
@@ -850,7 +852,7 @@ class AgentTools:
             reason=reason,
             latency_ms=latency_ms,
         )
-        return _remasked(entry, self._hide)
+        return _remasked(entry, self._hider())
 
     def _record(self, call: _Call, answer: Answer, started: float) -> None:
         latency_ms = round((time.perf_counter() - started) * 1000, 3)

@@ -713,11 +713,13 @@ class Mailbox:
         extracted masked (``mask_subject``)."""
         return mask_subject(row.subject, self._digests(), extracted_here(self._extracted))
 
-    def _unleaked(self, text: str) -> str:
+    def _unleaked(self, text: str, recorded: Recorded | None = None) -> str:
         """An error text with every secret this run extracted masked, wherever it shows:
-        a test may look for the code it was given (``body_contains=code``)."""
+        a test may look for the code it was given (``body_contains=code``). ``recorded``:
+        the digests, if the caller read them already."""
+        recorded = self._digests() if recorded is None else recorded
         # Its own values whatever their length (a PIN of three), and the process's.
-        return mask_extracted(mask_recorded(text, self._digests()), also=self._extracted)
+        return mask_extracted(mask_recorded(text, recorded), also=self._extracted)
 
     def _scan(
         self, selector: Selector, *, include_taken: bool = False, check_open: bool = True
