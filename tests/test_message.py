@@ -231,6 +231,13 @@ def test_html_only_mail_derives_body_text() -> None:
     assert message.code() == "482913"
 
 
+def test_html_body_text_survives_stray_end_tags_templates_and_a_blank_text_part() -> None:
+    html = "<p>Hi</p></script><template><p>Code 111111</p></template><p>Your code: 482913</p>"
+    for message in (Message(build(html=html)), Message(build(text=" \n", html=html))):
+        assert message.body_text == "Hi Your code: 482913"
+        assert message.code() == "482913"
+
+
 def test_text_part_that_is_an_attachment_is_not_the_body() -> None:
     msg = EmailMessage()
     msg["Subject"] = "report"
@@ -285,6 +292,16 @@ def test_links_from_html_unescape_entities_and_follow_text_links() -> None:
         "https://app.example.test/v?a=1&b=2",
         "https://cdn.example.test/img",
     ]
+
+
+def test_links_end_before_an_exclamation_mark_and_skip_other_schemes_and_line_breaks() -> None:
+    html = (
+        '<a href="ftp://files.example.test/x">file</a>'
+        '<a href="https://app.example.test/ver&#10;ify?t=&#9;1">verify</a>'
+    )
+    message = Message(build(text="Done? Go to https://app.example.test/a!\n", html=html))
+
+    assert message.links() == ["https://app.example.test/a", "https://app.example.test/verify?t=1"]
 
 
 def test_link_by_domain_returns_the_one_link_and_reports_the_secret() -> None:
@@ -540,6 +557,26 @@ def test_code_several_distinct_values_are_masked() -> None:
     assert info.value.result["candidates"] == 3
 
 
+def test_code_glued_to_a_word_is_not_a_piece_of_a_longer_number() -> None:
+    with pytest.raises(ExtractionError, match="no code matching"):
+        plain("Call 123456789 now").code()
+
+
+def test_code_ignores_an_empty_capture() -> None:
+    assert plain("code: 4829, and later code: none").code(pattern=r"code: (\d*)") == "4829"
+
+
+def test_code_with_a_pattern_does_not_fall_back_to_digits_glued_to_a_word() -> None:
+    with pytest.raises(ExtractionError, match="no code matching"):
+        plain("Your Code482913 is here").code(pattern=r"code: (\d{6})")
+
+
+def test_code_lists_values_of_three_characters_as_bullets_only() -> None:
+    with pytest.raises(ExtractionError) as info:
+        plain("Codes ab1 and cd2").code(pattern=r"\b[a-z]{2}\d\b")
+    assert "m-1: ••••, ••••; pass pattern=" in str(info.value)
+
+
 def test_code_none_names_the_pattern() -> None:
     with pytest.raises(ExtractionError, match=re.escape(r'no code matching r"code: (\d{6})"')):
         plain("Your code is 12-34.").code(pattern=r"code: (\d{6})")
@@ -593,6 +630,8 @@ def test_code_from_html_only_mail() -> None:
         ("https://app.example.test/qzxwvkjhgfdsamnb", "https://app.example.test/…"),
         ("https://app.example.test/reset?QwErTyUiOpAsDfGh", "https://app.example.test/…?…"),
         ("https://app.example.test/?Token-Key=x&next=y", "https://app.example.test/?…=…&next=…"),
+        # a key of letters alone longer than any word (17) is no word either
+        ("https://app.example.test/?qzxwvkjhgfdsamnbv=1", "https://app.example.test/?…=…"),
         ("https://app.example.test/#sEcReTtOkEnAbCdEf_x-y", "https://app.example.test/"),
         ("https://user:pw@app.example.test/login", "https://app.example.test/…"),
         ("https://app.example.test/?8f3a9c", "https://app.example.test/?…"),
@@ -613,6 +652,8 @@ def test_code_from_html_only_mail() -> None:
         ("https://483920.app.example.test/welcome", "https://….app.example.test/…"),
         ("https://tenant-48291.app.example.test/", "https://….app.example.test/"),
         ("https://k7q9x2.app.example.test/", "https://….app.example.test/"),
+        ("https://k7q92.app.example.test/", "https://….app.example.test/"),  # five, the fewest
+        ("https://shop123a.example.test/", "https://shop123a.example.test/"),  # four letters
         ("https://web01.cdn77.example.test/", "https://web01.cdn77.example.test/"),
         ("https://web001.lb1234.py311.example.test/", "https://web001.lb1234.py311.example.test/"),
         ("https://pr-1234.promo-2026.example.test/", "https://pr-1234.promo-2026.example.test/"),
@@ -987,11 +1028,13 @@ def test_a_link_keeps_letters_of_any_script_in_its_path() -> None:
 def test_a_secret_is_masked_with_the_punctuation_that_follows_it() -> None:
     key = b"k" * 32
     digests = Recorded(
-        frozenset({digest("QXKZTR", key)[0], digest("ab.cd", key)[0]}), lambda v: digest(v, key)
+        frozenset({digest("QXKZTR", key)[0], digest("ab.cd", key)[0], digest("x7K", key)[0]}),
+        lambda v: digest(v, key),
     )
 
     assert mask_secrets("Your code is QXKZTR.", digests) == "Your code is ••••TR."
     assert mask_secrets("Codes: -QXKZTR- ab.cd", digests) == "Codes: -••••TR- •••cd"
+    assert mask_secrets("PIN x7K", digests) == "PIN ••7K"  # two bullets at least: not "•7K"
 
 
 def test_a_recorded_secret_is_masked_inside_a_word_with_its_digest_alone() -> None:
@@ -1016,6 +1059,14 @@ def test_a_recorded_secret_is_masked_inside_a_word_with_its_digest_alone() -> No
     # A word where a secret could end in too many places to try them all: masked whole.
     many = "TR".join("a" * 3 for _ in range(200))
     assert mask_recorded(many, digests) == "\u2022" * (len(many) - 2) + "aa"
+
+
+def test_the_stores_secret_rows_mask_a_secret_inside_a_word() -> None:
+    key = b"k" * 32
+    sha, last2 = digest("QXKZTR", key)
+    recorded = Recorded.of([{"sha256": sha, "last2": last2, "size": 6}], lambda v: digest(v, key))
+
+    assert mask_recorded("code_QXKZTR", recorded) == "code_••••TR"
 
 
 @pytest.mark.parametrize(
@@ -1059,6 +1110,8 @@ def test_dates_and_times_keep_their_digits(text: str) -> None:
         ("body_contains='ZqXyTkMpWvRsLnBcQd_-Ab'", "body_contains='••••••••••••••••••••Ab'"),
         ("'550e8400-e29b-41d4-a716-446655440000'", "'••••••••••••••••••••••••••••••••••00'"),
         ("'3f9a1c07be52d8e46a0b7c19'", "'••••••••••••••••••••••19'"),  # token_hex(12)
+        # a class change at every fourth character is random enough (4 in 16)
+        ("'QWERtyuiOPASdfg5'", "'••••••••••••••g5'"),
         (  # a link escaped for a pattern is read, and redacted, as the link
             "body_regex='https://app\\\\.example\\\\.test/verify/3f9a1c07be52d8e46a0b7c19$'",
             "body_regex='https://app.example.test/…/…'",
@@ -1092,6 +1145,7 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ("MP3, H2O, B2B and Win10X", "MP3, H2O, B2B and Win10X"),
         ("Upgrade to PRO2 or iPhone15", "Upgrade to PRO2 or iPhone15"),
         ("Code K7QXZT, ref 123ABC", "Code ••••ZT, ref ••••BC"),  # one digit is enough
+        ("Code 7K9Q2, key A7K9Q2B4C6D8E1F", "Code •••Q2, key •••••••••••••1F"),  # 5 and 15
         # letters then digits is a name: its long digit runs are masked as any are
         ("COVID19 news, flight LH400, ISO8601", "COVID19 news, flight LH400, ISO••01"),
         ("From AB12CD@example.test", "From AB12CD@example.test"),  # an address is no code
@@ -1111,6 +1165,10 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
             "Login from 192.168.1.1 or 10.20.30.40 on 12.03.26, v10.20.30, 555.123.••67",
         ),
         ("Your code is 483 920 175, or 123-456-789", "Your code is ••• ••• •75, or •••-•••-•89"),
+        ("Code 123 456 789 012", "Code ••• ••• ••• •12"),  # twelve digits, the most
+        ("Code 2024 5678", "Code •••• ••78"),  # a code, though one of its groups reads a year
+        # not a number with a ratio's colon or a decimal comma around it
+        ("Scale 1:250 000, total 483 920,50 EUR", "Scale 1:250 000, total 483 920,50 EUR"),
         # the leading groups of one length, whatever number or date follows them
         ("Code 483 920 2026-12-03, 483 920 10 min", "Code ••• •20 2026-12-03, ••• •20 10 min"),
         (
@@ -1133,6 +1191,9 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         # a code of capitals and digits in groups joined by dashes; not a name's number
         ("Slack confirmation code: 4F2-7TB", "Slack confirmation code: •••••TB"),
         ("Key AB12-CD34-EF56-GH78", "Key •••••••••••••••••78"),
+        ("Key AB12CD-EF34GH-IJ56KL-MN78OP", "Key •••••••••••••••••••••••••OP"),  # 24, the most
+        # a link's trailing punctuation stays after the redacted link
+        ("Open https://app.example.test/v?t=abc.", "Open https://app.example.test/…?t=…."),
         (
             "COVID-19 news, UTF-8, X-RAY, region EU-WEST-1",
             "COVID-19 news, UTF-8, X-RAY, region EU-WEST-1",
@@ -1142,6 +1203,12 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
 )
 def test_a_subject_shows_no_link_token_or_code(subject: str, masked: str) -> None:
     assert mask_subject(subject) == masked
+
+
+def test_a_selector_masks_a_code_of_capitals_once_this_process_extracted_it() -> None:
+    assert mask_copied("body_contains='QXKZTR'") == "body_contains='QXKZTR'"  # a word, maybe
+    remember_extracted("code", "QXKZTR")
+    assert mask_copied("body_contains='QXKZTR'") == "body_contains='••••TR'"
 
 
 def test_a_subject_masks_what_its_mailbox_extracted_even_inside_a_word() -> None:
@@ -1154,6 +1221,16 @@ def test_a_subject_masks_what_its_mailbox_extracted_even_inside_a_word() -> None
         "ref x••••26y2, ref x4159267y2"
     )
     assert mask_subject("A PINE tree", values=values) == "A PINE tree"
+
+
+def test_a_subject_masks_extracted_values_of_four_longest_first_and_a_link_as_a_link() -> None:
+    assert mask_subject("コードはQX7Kです", values={"QX7K"}) == "コードは••7Kです"
+    # a shorter value inside a longer one would leave the longer one's start in clear
+    assert mask_subject("コードはQXKZTRです", values={"QXKZTR", "KZTR"}) == "コードは••••TRです"
+    link = "https://app.example.test/v?token=Zq8xK2"
+    assert mask_subject(f"Sign in: {link}", values={link}) == (
+        "Sign in: https://app.example.test/…?token=…"
+    )
 
 
 def test_a_messages_repr_masks_its_subject_before_cutting_it() -> None:
@@ -1233,6 +1310,27 @@ def test_the_process_remembers_the_latest_extracted_values_only() -> None:
     assert list(message_module._EXTRACTED) == codes[1:]
 
 
+def test_a_value_extracted_again_is_the_latest_and_a_link_keeps_the_memory_to_its_size() -> None:
+    kept = message_module._EXTRACTED_KEPT
+    remember_extracted("code", "482913")  # six characters: the shortest remembered
+    assert "482913" in message_module._EXTRACTED
+    for n in range(kept - 1):
+        remember_extracted("code", f"c{n:09d}")
+    remember_extracted("code", "482913")  # extracted again: now the latest, not the oldest
+    remember_extracted("code", "x123456789")
+
+    assert "482913" in message_module._EXTRACTED
+    assert "c000000000" not in message_module._EXTRACTED
+    remember_extracted("link", LINK_WITH_IDS)  # several parts at once
+    assert len(message_module._EXTRACTED) == kept
+
+
+def test_what_the_process_extracted_is_masked_longest_first() -> None:
+    token = "Zq8xYtK2mPw9RvLs"
+    shown = message_module.mask_extracted(f"t={token}", also={token, "K2mPw9"})
+    assert shown == "t=" + "\u2022" * 14 + "Ls"
+
+
 def test_a_masker_leaves_what_unrelated_output_shows() -> None:
     remembered = remember_extracted("link", LINK_WITH_IDS) | {"482913"}
     mask = Masker(remembered, words={"2026"})
@@ -1270,6 +1368,10 @@ def test_a_masker_hides_half_of_a_six_digit_code_next_to_a_cut() -> None:
         assert mask(line) == line
 
 
+def test_a_masker_finds_a_six_digit_code_across_a_soft_line_break() -> None:
+    assert Masker({"482913"})("code 482=\n913 ok") == "code ••••\n••• ok"
+
+
 def test_a_masker_finds_a_value_quoted_printable_escaped_in_a_raw_body() -> None:
     link = "https://app.example.test/verify?token=Zq8xK2pLmN4vB7cR9tYwQ2s=="
     mask = Masker(remember_extracted("link", link) | {"コードQX7K"})
@@ -1303,6 +1405,7 @@ def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:
     ("link", "own_only"),
     [
         ("https://app.example.test/reset/48291375", ["48291375", "/reset/48291375"]),
+        ("https://app.example.test/reset/482913", ["482913"]),  # six digits, the fewest
         ("https://app.example.test/v?t=kq7pxzmw", ["kq7pxzmw", "/v?t=kq7pxzmw"]),
         ("https://app.example.test/v?token=qwerty12345;lang=en", ["qwerty12345"]),
     ],
@@ -1325,6 +1428,31 @@ def test_a_token_in_a_links_fragment_is_remembered() -> None:
     link = "https://app.example.test/cb#access_token=Zq8xYtK2mPw9RvLsAb3dEf7h&state=s1"
 
     assert "Zq8xYtK2mPw9RvLsAb3dEf7h" in remember_extracted("link", link)
+
+
+def test_a_links_token_is_remembered_decoded_too() -> None:
+    parts = remember_extracted("link", "https://app.example.test/v?t=k3J%2B9aQzXy7LmN4pR8sT")
+
+    assert {"k3J%2B9aQzXy7LmN4pR8sT", "k3J+9aQzXy7LmN4pR8sT"} <= parts
+
+
+def test_a_token_that_is_a_bare_query_key_is_remembered() -> None:
+    link = "https://app.example.test/reset?Zq8xYtK2mPw9RvLsAb3dEf7h"
+
+    assert "Zq8xYtK2mPw9RvLsAb3dEf7h" in remember_extracted("link", link)
+
+
+def test_other_tests_mask_a_links_part_that_goes_from_letters_to_digits_three_times() -> None:
+    assert "ab12cd34" in remember_extracted("link", "https://app.example.test/v?t=ab12cd34")
+
+
+def test_its_own_test_keeps_a_links_words_and_numbered_names() -> None:
+    message_module.TEST_EXTRACTED.clear()
+    remember_extracted("link", "https://app.example.test/newsletter/ConfirmEmail2?t=abc12345")
+
+    assert "abc12345" in message_module.TEST_EXTRACTED
+    assert "newsletter" not in message_module.TEST_EXTRACTED  # letters alone: a word
+    assert "ConfirmEmail2" not in message_module.TEST_EXTRACTED  # capitalised words: a name
 
 
 def test_what_other_tests_extracted_is_masked_wherever_it_shows_but_inside_numbers() -> None:
@@ -1370,6 +1498,8 @@ def test_a_link_with_raw_bytes_is_remembered_without_raising() -> None:
         ("bounce+aB3dE5fG7h2k@app.test", "bounce+••••••••••2k@app.test"),
         ("noreply@app.example.test", "noreply@app.example.test"),
         ("alice+newsletter@app.test", "alice+newsletter@app.test"),
+        ("user+48291375@app.test", "user+••••••75@app.test"),  # digit runs, as anywhere
+        ("AB12CD@app.test", "AB12CD@app.test"),  # a local part that reads as a code is a name
     ],
 )
 def test_an_address_shows_no_token_in_its_local_part(address: str, shown: str) -> None:
