@@ -1333,6 +1333,22 @@ def test_the_receipt_masks_short_codes_and_the_selector_the_run_waited_with(
 # -- link_domains --------------------------------------------------------------------------
 
 
+def test_a_receipt_shows_the_host_of_an_extracted_link_with_its_code_redacted(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """The receipt's ``host`` of a link held the host as it was: the code in its label
+    went to JUnit XML and the JSON Lines receipts in clear."""
+    welcome = "https://483920.app.example.test/welcome"
+    send(mailbox_server, mail(isolated_mailbox.address, "Hi", text=f"Open {welcome} now\n"))
+
+    assert isolated_mailbox.wait_for(timeout=5).link() == welcome
+
+    receipt = isolated_mailbox.receipt()
+    ((secret,),) = [m.secrets for m in receipt.messages]
+    assert (secret.kind, secret.host) == ("link", "….app.example.test")
+    assert "483920" not in dump_receipt(receipt)
+
+
 @pytest.mark.email_contract(link_domains=["app.example.test", "cdn.example.test"])
 def test_link_without_a_domain_takes_the_one_link_on_the_contracts_domains(
     mailbox_server: MailSink, isolated_mailbox: Mailbox

@@ -317,6 +317,34 @@ def test_link_by_domain_returns_the_one_link_and_reports_the_secret() -> None:
     assert len(seen) == 4
 
 
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [
+        ("483920.app.example.test", "….app.example.test"),  # a code in a label
+        ("Zq8Xk2LmN4pR7tVw.login.example.test", "….login.example.test"),  # judged as written
+        ("App.Example.test.", "app.example.test"),  # a trailing dot, as the link matches
+    ],
+)
+def test_a_host_that_holds_a_code_or_token_is_shown_redacted(host: str, shown: str) -> None:
+    """The host recorded with an extracted link (a receipt's ``host``), and the hosts that
+    a link asked for on another host lists, showed a code or a token in a label."""
+    seen: list[tuple[str, str, str | None]] = []
+    url = f"https://{host}/welcome"
+    message = Message(
+        build(text=f"Open {url} now\n"), message_id="m-1", on_secret=lambda *a: seen.append(a)
+    )
+
+    assert message.link() == url
+    assert seen == [("link", url, shown)]
+    with pytest.raises(ExtractionError) as info:
+        message.link(domain="other.example.test")
+    assert str(info.value).endswith(f"hosts found: {shown}")
+    assert info.value.result["hosts"] == [shown]
+    with pytest.raises(ExtractionError) as asked:
+        message.link(domain=f"{host}:8443")  # what it was looked for on, shown alike
+    assert str(asked.value).startswith(f"no link on {shown}:8443 in message m-1; ")
+
+
 def test_link_matches_hosts_ignoring_port_and_trailing_dot() -> None:
     message = plain("Go to https://App.Example.Test.:8443/x/y now")
 

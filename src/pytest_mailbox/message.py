@@ -846,6 +846,19 @@ def _host(url: str) -> str:
     return host.rstrip(".")
 
 
+def shown_host(url: str) -> str:
+    """``_host(url)`` fit to show (a receipt, an error): each label that may be a token
+    or hold a code redacted, as ``redact_url`` redacts it (``….app.example.test`` for
+    ``483920.app.example.test``)."""
+    try:
+        parts = urlsplit(_as_browsers_read(url.strip()))
+        host = parts.hostname or ""
+    except ValueError:
+        return ""
+    shown = host if ":" in host else _untokened_host(parts.netloc, host)
+    return shown.rstrip(".")
+
+
 def domain_as_url(domain: str) -> str:
     """``link(domain=)``'s value as a URL to read its host from: a host, or a URL."""
     return domain if "://" in domain else f"http://{domain}"
@@ -1359,10 +1372,10 @@ class Message:
                     "such as path='/verify'"
                 )
                 raise ExtractionError(msg, result={"message_id": self.message_id})
-            candidates, where = self._links_on({wanted}), f" on {wanted}"
+            candidates, where = self._links_on({wanted}), f" on {shown_host(url)}"
             if port is not None:  # given: only links on that port ("localhost:8000")
                 candidates = [u for u in candidates if _port(u, default=True) == port]
-                where = f" on {wanted}:{port}"
+                where = f" on {shown_host(url)}:{port}"
             hint = "pass path= with the start of the one you want (path='/verify')"
         if path is not None:
             if not isinstance(path, str) or not path.startswith("/") or "?" in path or "#" in path:
@@ -1395,10 +1408,10 @@ class Message:
         if len(candidates) == 1:
             url = candidates[0]
             if self._on_secret is not None:
-                self._on_secret("link", url, _host(url) or None)
+                self._on_secret("link", url, shown_host(url) or None)
             return url
         if not candidates:
-            hosts = list(dict.fromkeys(_host(u) for u in found))
+            hosts = list(dict.fromkeys(shown_host(u) for u in found))
             msg = f"no link{where} in message {self._label}; hosts found: "
             msg += ", ".join(hosts) if hosts else "none (the message has no http(s) links)"
             raise ExtractionError(msg, result={**result, "hosts": hosts})
