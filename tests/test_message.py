@@ -680,6 +680,7 @@ def test_code_from_html_only_mail() -> None:
         ("https://483920.app.example.test/welcome", "https://….app.example.test/…"),
         ("https://tenant-48291.app.example.test/", "https://….app.example.test/"),
         ("https://k7q9x2.app.example.test/", "https://….app.example.test/"),
+        ("https://k7q9x2m4p8z3w6r1.example.test/", "https://….example.test/"),
         ("https://k7q92.app.example.test/", "https://….app.example.test/"),  # five, the fewest
         ("https://shop123a.example.test/", "https://shop123a.example.test/"),  # four letters
         ("https://web01.cdn77.example.test/", "https://web01.cdn77.example.test/"),
@@ -1140,6 +1141,9 @@ def test_dates_and_times_keep_their_digits(text: str) -> None:
         ("'3f9a1c07be52d8e46a0b7c19'", "'••••••••••••••••••••••19'"),  # token_hex(12)
         # a class change at every fourth character is random enough (4 in 16)
         ("'QWERtyuiOPASdfg5'", "'••••••••••••••g5'"),
+        # one case and digits, as base 36 is; not words with a number between them
+        ("'k7q9x2m4p8z3w6r1' 'K7Q9X2M4P8Z3W6R1'", "'••••••••••••••r1' '••••••••••••••R1'"),
+        ("'springpromo26launch' 'ORDER24INVOICE99X'", "'springpromo26launch' 'ORDER24INVOICE99X'"),
         (  # a link escaped for a pattern is read, and redacted, as the link
             "body_regex='https://app\\\\.example\\\\.test/verify/3f9a1c07be52d8e46a0b7c19$'",
             "body_regex='https://app.example.test/…/…'",

@@ -348,10 +348,10 @@ def mask_copied(text: str) -> str:
 
 
 def _is_token(word: str) -> bool:
-    """A random-looking word of 16+ characters: letters of both cases that change class
-    (upper, lower, digit) at every fourth character or more, as random text does, and not
-    capitalised words run together (``SpringPromo2026Launch``); hex digits with letters;
-    or a UUID."""
+    """A random-looking word of 16+ characters: letters of both cases, or of one case
+    with digits, that change class (upper, lower, digit) at every fourth character or
+    more, as random text does, and not capitalised words run together
+    (``SpringPromo2026Launch``); hex digits with letters; or a UUID."""
     if len(word) < _TOKEN_MIN or _OWN_ID.fullmatch(word) or _CAMEL.fullmatch(word):
         return False
     if _UUID.fullmatch(word) or (
@@ -360,7 +360,9 @@ def _is_token(word: str) -> bool:
         return True
     kinds = [_kind(c) for c in word]
     changes = sum(1 for a, b in itertools.pairwise(kinds) if a != b)
-    return "u" in kinds and "l" in kinds and changes * 4 >= len(word)
+    # Both cases, or one case with digits (base 36: ``k7q9x2m4p8z3w6r1``).
+    mixed = "u" in kinds and "l" in kinds or "d" in kinds and ("u" in kinds or "l" in kinds)
+    return mixed and changes * 4 >= len(word)
 
 
 def _kind(char: str) -> str:
