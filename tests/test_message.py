@@ -1141,6 +1141,14 @@ def test_dates_and_times_keep_their_digits(text: str) -> None:
         ("'3f9a1c07be52d8e46a0b7c19'", "'••••••••••••••••••••••19'"),  # token_hex(12)
         # a class change at every fourth character is random enough (4 in 16)
         ("'QWERtyuiOPASdfg5'", "'••••••••••••••g5'"),
+        # standard base64, whose + and / split a token into pieces too short to look random
+        (
+            "body_contains='JkqtbLbdIQ+vlKzTz5LBkCN8sR9dEIzyWTAmOTizcKG1dp+g8Ug/lakNnfLxMNYP'",
+            "body_contains='" + "•" * 62 + "YP'",
+        ),
+        ("'q8Zk+Lm3/Xp9Rt2+Wv7N=' 'x/y' 'a+b=c'", "'•••••••••••••••••••N=' 'x/y' 'a+b=c'"),
+        # a path of words is no token, nor an ordinary sum
+        ("'/static/js/App2Main/vendor.js'", "'/static/js/App2Main/vendor.js'"),
         # one case and digits, as base 36 is; not words with a number between them
         ("'k7q9x2m4p8z3w6r1' 'K7Q9X2M4P8Z3W6R1'", "'••••••••••••••r1' '••••••••••••••R1'"),
         ("'springpromo26launch' 'ORDER24INVOICE99X'", "'springpromo26launch' 'ORDER24INVOICE99X'"),
@@ -1224,6 +1232,7 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ("Slack confirmation code: 4F2-7TB", "Slack confirmation code: •••••TB"),
         ("Key AB12-CD34-EF56-GH78", "Key •••••••••••••••••78"),
         ("Key AB12CD-EF34GH-IJ56KL-MN78OP", "Key •••••••••••••••••••••••••OP"),  # 24, the most
+        ("Token q8Zk+Lm3/Xp9Rt2+Wv7N= inside", "Token •••••••••••••••••••N= inside"),  # base64
         # a link's trailing punctuation stays after the redacted link
         ("Open https://app.example.test/v?t=abc.", "Open https://app.example.test/…?t=…."),
         (

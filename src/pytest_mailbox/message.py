@@ -84,6 +84,9 @@ _DIGITS = re.compile(r"\d{4,}")
 #: A word a token could be (``secrets.token_urlsafe``, ``token_hex``, a UUID), judged by
 #: ``_is_token``; not the local part of an address (``Billing-Notices2024@…``).
 _LONG_WORD = re.compile(r"(?<![\w-])[\w-]{16,}(?![\w@-])", re.ASCII)
+#: A run of base64 with a ``+`` or ``/`` in it (standard base64 splits a token at them,
+#: leaving pieces too short to look random), its padding included.
+_BASE64_RUN = re.compile(r"(?<![\w+/=-])(?=[\w/]*\+|[\w+]*/)[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=@-])")
 #: A code of capitals and digits, 5 to 15 of them, a letter and a digit at least
 #: (``A7K9Q2``, ``K7QXZT``, ``123ABC``): not a word of ASCII letters or digits, nor an
 #: address, on either side, though another script's letters may touch it
@@ -316,6 +319,7 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     present = {v for v in values if len(v) >= _MIN_INSIDE and v in text}
     for value in sorted(present, key=len, reverse=True):
         text = _mask_value(text, value)
+    text = _BASE64_RUN.sub(_masked_if_base64, text)
     text = _LONG_WORD.sub(_masked_if_token, text)
     text = _CODES.sub(_masked_code, text)
     return mask_secrets(text, recorded)
@@ -342,6 +346,7 @@ def mask_copied(text: str) -> str:
     links (redacted as ``redact_url`` does), words that look like tokens, digit runs, and
     what this process extracted lately (a code it waits for, a token out of a link)."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)
+    text = _BASE64_RUN.sub(_masked_if_base64, text)
     text = _LONG_WORD.sub(_masked_if_token, text)
     text = _CODES.sub(_masked_code, text)
     return mask_extracted(mask_secrets(text))
@@ -361,8 +366,8 @@ def _is_token(word: str) -> bool:
     kinds = [_kind(c) for c in word]
     changes = sum(1 for a, b in itertools.pairwise(kinds) if a != b)
     # Both cases, or one case with digits (base 36: ``k7q9x2m4p8z3w6r1``).
-    mixed = "u" in kinds and "l" in kinds or "d" in kinds and ("u" in kinds or "l" in kinds)
-    return mixed and changes * 4 >= len(word)
+    cases = {"u", "l"} & set(kinds)
+    return (len(cases) == 2 or (bool(cases) and "d" in kinds)) and changes * 4 >= len(word)
 
 
 def _kind(char: str) -> str:
@@ -372,6 +377,13 @@ def _kind(char: str) -> str:
 def _masked_if_token(match: re.Match[str]) -> str:
     word = match.group()
     return _keep_length(word) if _is_token(word) else word
+
+
+def _masked_if_base64(match: re.Match[str]) -> str:
+    """A base64 run masked whole if its letters and digits, read as one word, look like a
+    token; a path of words (``/static/js/app``) does not."""
+    run = match.group()
+    return _keep_length(run) if _is_token(re.sub("[+/=]", "", run)) else run
 
 
 def _masked_code(match: re.Match[str]) -> str:
