@@ -1206,6 +1206,8 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ),
         ("Your code is 483 920 175, or 123-456-789", "Your code is ••• ••• •75, or •••-•••-•89"),
         ("Code 123 456 789 012", "Code ••• ••• ••• •12"),  # twelve digits, the most
+        # aligned by a tab or by spaces, as a table or a template may
+        ("Code:\t482\t913, or 482  913", "Code:\t•••\t•13, or •••  •13"),
         ("Code 2024 5678", "Code •••• ••78"),  # a code, though one of its groups reads a year
         # not a number with a ratio's colon or a decimal comma around it
         ("Scale 1:250 000, total 483 920,50 EUR", "Scale 1:250 000, total 483 920,50 EUR"),

@@ -110,13 +110,14 @@ _CODES = re.compile(  # each starts with a digit or a capital: the lookahead fai
     f"(?=[0-9A-Z])(?:(?P<when>{_WHEN})|{_DASHED_CODE}|{_MIXED_CODE.pattern})"
 )  # fmt: skip
 #: Digits in groups of one length joined by a space (any, a no-break or a zero-width one
-#: too: ``483\u202f920`` is how French number formatting groups them) or a dash, six to
+#: too: ``483\u202f920`` is how French number formatting groups them; a tab; up to three
+#: of them, as a table or a template aligns them: ``483  920``) or a dash, six to
 #: twelve in all, or two groups of three joined by a dot, as a code is shown to be read
 #: (``483 920``, ``48-39-20``, ``483.920``, ``5 1 8 2 7 9``, ``483 920 175``),
 #: also glued to another script (``コード483 920``) or followed by other numbers (``483 920
 #: 2026-12-03``); not a date or a time (``when``), nor years (``2024-2025``), nor numbers
 #: whose first groups differ in length (``12 345 678``, ``Dec 10 2026``).
-_JOINER = r"[ \-\u00a0\u1680\u2000-\u200d\u2013\u202f\u205f\u2060\u3000]"
+_JOINER = r"[ \t\-\u00a0\u1680\u2000-\u200d\u2013\u202f\u205f\u2060\u3000]{1,3}"
 _GROUPED = re.compile(  # (?=\d): every alternative starts with a digit, so it fails fast
     f"(?=\\d)(?:(?P<when>{_WHEN})"
     rf"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:{_JOINER}\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
