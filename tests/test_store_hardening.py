@@ -30,6 +30,7 @@ from pytest_mailbox import EmailContract, Mailbox
 from pytest_mailbox.errors import StoreError
 from pytest_mailbox.sink import MailSink
 from pytest_mailbox.store import (
+    TRUNCATE_TRIES,
     WAL_CHECK_EVERY,
     Delivery,
     Incoming,
@@ -212,10 +213,17 @@ def test_kill_9_of_a_sink_process_loses_no_accepted_message(
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["waiting-writer", "sink-event-loop"])
-def test_wal_stays_bounded_while_readers_never_pause(tmp_path: Path, wait: bool) -> None:
+def test_wal_stays_bounded_while_readers_never_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait: bool
+) -> None:
     """Bounded whether the writer truncates the log itself (a test's write) or leaves it to
     the background checkpointer (the sink's event loop: ``wait=False``, then its writer
     thread when the lock is taken), which must wait for the readers to leave the log."""
+    # The writer finds a gap between the readers' reads within a dozen tries, but a loaded
+    # machine stretches the wall time those take (longest 0.08 s idle, 0.5 s beside eight
+    # busy loops): a patience of 1 s spent in vain starts a back-off, and the log grows
+    # during it. That is _in_a_back_off's subject; here the patience never runs out first.
+    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", SAFETY)
     limit = 1024 * 1024
     writer = Store(tmp_path / "store.sqlite3", wal_limit=limit)
     reader = Store(tmp_path / "store.sqlite3")  # one connection per reading thread
@@ -615,6 +623,40 @@ def test_the_log_is_truncated_soon_after_the_reader_lets_go_even_during_a_back_o
         store.deliver_all([big])
 
     assert restarts(wal) > started  # truncated before one of these commits
+    store.close()
+
+
+def test_a_writer_tries_a_number_of_times_to_truncate_however_slow_the_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer's patience was counted in seconds alone: where a second held fewer tries
+    than it takes to land in a busy reader's gap (a loaded CI machine), it backed off, and
+    the log grew for the rest of the run. Here no time at all is given: the tries are."""
+    monkeypatch.setattr(store_module, "TRUNCATE_PATIENCE", 0.0)
+    limit = 64 * 1024
+    store, big, wal = _bigger_than_the_log(tmp_path, limit)
+    pinned = sqlite3.connect(store.path, isolation_level=None)
+    pinned.execute("BEGIN")
+    pinned.execute("SELECT count(*) FROM messages").fetchone()  # the reader in the way
+    made = 0
+    truncated = store._truncated
+
+    def tries(conn: sqlite3.Connection) -> bool:
+        nonlocal made
+        made += 1
+        if made == TRUNCATE_TRIES // 2:  # the reader leaves, between two of the tries
+            pinned.execute("COMMIT")
+        return truncated(conn)
+
+    monkeypatch.setattr(store, "_truncated", tries)
+    started = restarts(wal)
+    for _ in range(WAL_CHECK_EVERY):  # a waiting writer looks at the log within these
+        store.deliver_all([big])
+
+    assert made == TRUNCATE_TRIES // 2  # in vain until the reader left, then truncated
+    assert restarts(wal) == started + 1
+    assert store._truncate_after == -math.inf  # and no back-off began
+    pinned.close()
     store.close()
 
 

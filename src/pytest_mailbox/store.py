@@ -211,8 +211,12 @@ RETRY_LAST = 0.005
 #: A store handle looks at the log's size after one commit in this many (each writer may
 #: add this many commits' pages past ``wal_limit`` before it truncates the log).
 WAL_CHECK_EVERY = 8
-#: How long a writer keeps trying to truncate a log past ``wal_limit`` before going on.
+#: How long a writer keeps trying to truncate a log past ``wal_limit`` before going on,
+#: and how many tries it makes at least, however long they take: beside readers that never
+#: pause a dozen or so tries find a gap, and a loaded machine stretches the time they take
+#: (0.08 s idle, 0.5 s beside eight busy processes), so a second alone could run out first.
 TRUNCATE_PATIENCE = 1.0
+TRUNCATE_TRIES = 64
 #: After a patience spent in vain (a reader that never leaves the log: a transaction held
 #: open), nobody waits to truncate the log for this long, doubling at each failure up to
 #: ``TRUNCATE_BACKOFF_MAX``, then again: no wait can help until that reader lets go, so
@@ -561,10 +565,10 @@ class Store:
 
         Readers in the way make the checkpoint give up at once (the writer's connection
         does not wait); it is tried again every 50 µs or so for ``TRUNCATE_PATIENCE``
-        seconds, so it lands in the gaps between a busy reader's statements, which
-        SQLite's own busy handler (sleeping 1, 2, 5, … 100 ms) can keep missing for as long
-        as they read. A patience spent in vain backs off (``TRUNCATE_BACKOFF``); ``give_up``
-        ends it.
+        seconds and ``TRUNCATE_TRIES`` tries, so it lands in the gaps between a busy
+        reader's statements, which SQLite's own busy handler (sleeping 1, 2, 5, … 100 ms)
+        can keep missing for as long as they read. A patience spent in vain backs off
+        (``TRUNCATE_BACKOFF``); ``give_up`` ends it.
         """
         if time.monotonic() < self._truncate_after:
             # A back-off after a reader outlasted the last patience: no one waits for now.
@@ -575,7 +579,7 @@ class Store:
             if self._commits % WAL_CHECK_EVERY == 0 or self._checkpointing:
                 self._truncated(conn)
             return
-        pauses = _pauses(TRUNCATE_PATIENCE)
+        pauses = _pauses(TRUNCATE_PATIENCE, at_least=TRUNCATE_TRIES)
         while not self._truncated(conn):
             if (give_up is not None and give_up.is_set()) or next(pauses, False) is False:
                 break
@@ -1575,13 +1579,15 @@ def _history(conn: sqlite3.Connection, mailbox_id: str) -> History:
     )
 
 
-def _pauses(patience: float) -> Iterator[None]:
+def _pauses(patience: float, at_least: int = 0) -> Iterator[None]:
     """Between two tries: sleep 50 µs, then twice as long each time up to 5 ms, for
-    ``patience`` seconds in all (counted from the first ``next``); then stop."""
-    deadline, delay = time.monotonic() + patience, RETRY_FIRST
-    while time.monotonic() < deadline:
+    ``patience`` seconds in all (counted from the first ``next``) and ``at_least`` pauses;
+    then stop."""
+    deadline, delay, made = time.monotonic() + patience, RETRY_FIRST, 0
+    while made < at_least or time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, RETRY_LAST)
+        made += 1
         yield
 
 
