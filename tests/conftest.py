@@ -20,11 +20,13 @@ from pytest_mailbox.store import Store
 
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """Inner runs without pytest-asyncio, which warns when its ini option is unset there."""
+    """Inner runs without pytest-asyncio, which warns when its ini option is unset there,
+    and without pytest-randomly where a developer has it: an inner file's tests run in
+    their order (the first sets up what the next one checks)."""
     run = pytester.runpytest
 
     def runpytest(*args: str | object, **kwargs: object) -> pytest.RunResult:
-        return run("-p", "no:asyncio", *args, **kwargs)  # type: ignore[arg-type]
+        return run("-p", "no:asyncio", "-p", "no:randomly", *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(pytester, "runpytest", runpytest)
     return pytester
@@ -50,7 +52,9 @@ def fixed_port() -> int:
     except (OSError, ValueError, IndexError):  # not Linux: the ephemeral range starts at 49152
         low = 49152
     below = range(max(1024, low - 10_000), low)
-    for port in random.sample(below, min(200, len(below))):
+    # SystemRandom: a plugin that seeds ``random`` alike in every worker (pytest-randomly)
+    # would give both workers the same ports to try.
+    for port in random.SystemRandom().sample(below, min(200, len(below))):
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
