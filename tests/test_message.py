@@ -37,6 +37,7 @@ from pytest_mailbox.message import (
     mask_subject,
     redact_url,
     remember_extracted,
+    shown_host,
 )
 
 TOKEN = "8f3a9c77d1e24b6a"
@@ -343,6 +344,11 @@ def test_a_host_that_holds_a_code_or_token_is_shown_redacted(host: str, shown: s
     with pytest.raises(ExtractionError) as asked:
         message.link(domain=f"{host}:8443")  # what it was looked for on, shown alike
     assert str(asked.value).startswith(f"no link on {shown}:8443 in message m-1; ")
+
+
+def test_shown_host_of_an_address_or_of_no_url() -> None:
+    assert shown_host("http://[::1]:8000/v") == "::1"  # an address has no labels to judge
+    assert shown_host("http://[::1/v") == ""  # not a URL at all
 
 
 def test_link_matches_hosts_ignoring_port_and_trailing_dot() -> None:
