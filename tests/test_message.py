@@ -692,6 +692,10 @@ def test_code_from_html_only_mail() -> None:
         ("https://web01.cdn77.example.test/", "https://web01.cdn77.example.test/"),
         ("https://web001.lb1234.py311.example.test/", "https://web001.lb1234.py311.example.test/"),
         ("https://pr-1234.promo-2026.example.test/", "https://pr-1234.promo-2026.example.test/"),
+        (
+            "https://pr-1234-preview-app3.example.test/",
+            "https://pr-1234-preview-app3.example.test/",
+        ),
         ("https://node-0001.2026.example.test/", "https://node-0001.2026.example.test/"),
         ("https://ip-10-0-0-1.ec2.internal/", "https://ip-10-0-0-1.ec2.internal/"),
         ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/"),
@@ -1241,6 +1245,20 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ("Key AB12-CD34-EF56-GH78", "Key •••••••••••••••••78"),
         ("Key AB12CD-EF34GH-IJ56KL-MN78OP", "Key •••••••••••••••••••••••••OP"),  # 24, the most
         ("Token q8Zk+Lm3/Xp9Rt2+Wv7N= inside", "Token •••••••••••••••••••N= inside"),  # base64
+        (
+            "token=q8Zk+Lm3/Xp9Rt2+Wv7N= key_q8Zk+Lm3/Xp9Rt2+Wv7N",
+            "token=•••••••••••••••••••N= key_••••••••••••••••••7N",
+        ),
+        # paths and names of words with numbers, dashes and ranges are no tokens or codes
+        (
+            "s3://bucket1/key2/file3 a1/b2/c3/d4/e5/f6/g7/h8",
+            "s3://bucket1/key2/file3 a1/b2/c3/d4/e5/f6/g7/h8",
+        ),
+        (
+            "python3-11-slim-bookworm, gpt4o-mini, hello-world-foo1",
+            "python3-11-slim-bookworm, gpt4o-mini, hello-world-foo1",
+        ),
+        ("Pages 120 - 245, flights 100 – 250 EUR", "Pages 120 - 245, flights 100 – 250 EUR"),
         # a link's trailing punctuation stays after the redacted link
         ("Open https://app.example.test/v?t=abc.", "Open https://app.example.test/…?t=…."),
         (
@@ -1549,6 +1567,8 @@ def test_a_link_with_raw_bytes_is_remembered_without_raising() -> None:
         ("alice+newsletter@app.test", "alice+newsletter@app.test"),
         ("user+48291375@app.test", "user+••••••75@app.test"),  # digit runs, as anywhere
         ("AB12CD@app.test", "AB12CD@app.test"),  # a local part that reads as a code is a name
+        # the plugin's own aliases: a purpose and hex, not one word of one case with digits
+        ("signup-22092e91ab@mailbox.test", "signup-22092e91ab@mailbox.test"),
     ],
 )
 def test_an_address_shows_no_token_in_its_local_part(address: str, shown: str) -> None:

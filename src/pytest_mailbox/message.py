@@ -86,7 +86,9 @@ _DIGITS = re.compile(r"\d{4,}")
 _LONG_WORD = re.compile(r"(?<![\w-])[\w-]{16,}(?![\w@-])", re.ASCII)
 #: A run of base64 with a ``+`` or ``/`` in it (standard base64 splits a token at them,
 #: leaving pieces too short to look random), its padding included.
-_BASE64_RUN = re.compile(r"(?<![\w+/=-])(?=[\w/]*\+|[\w+]*/)[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=@-])")
+_BASE64_RUN = re.compile(
+    r"(?<![A-Za-z0-9+/])(?=[A-Za-z0-9/]*\+|[A-Za-z0-9+]*/)[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=@-])"
+)
 #: A code of capitals and digits, 5 to 15 of them, a letter and a digit at least
 #: (``A7K9Q2``, ``K7QXZT``, ``123ABC``): not a word of ASCII letters or digits, nor an
 #: address, on either side, though another script's letters may touch it
@@ -117,7 +119,7 @@ _CODES = re.compile(  # each starts with a digit or a capital: the lookahead fai
 #: also glued to another script (``コード483 920``) or followed by other numbers (``483 920
 #: 2026-12-03``); not a date or a time (``when``), nor years (``2024-2025``), nor numbers
 #: whose first groups differ in length (``12 345 678``, ``Dec 10 2026``).
-_JOINER = r"[ \t\-\u00a0\u1680\u2000-\u200d\u2013\u202f\u205f\u2060\u3000]{1,3}"
+_JOINER = r"(?:[ \t\u00a0\u1680\u2000-\u200d\u202f\u205f\u2060\u3000]{1,3}|[\-\u2013])"
 _GROUPED = re.compile(  # (?=\d): every alternative starts with a digit, so it fails fast
     f"(?=\\d)(?:(?P<when>{_WHEN})"
     rf"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:{_JOINER}\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
@@ -320,7 +322,7 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     present = {v for v in values if len(v) >= _MIN_INSIDE and v in text}
     for value in sorted(present, key=len, reverse=True):
         text = _mask_value(text, value)
-    text = _BASE64_RUN.sub(_masked_if_base64, text)
+    text = _unbased(text)
     text = _LONG_WORD.sub(_masked_if_token, text)
     text = _CODES.sub(_masked_code, text)
     return mask_secrets(text, recorded)
@@ -347,7 +349,7 @@ def mask_copied(text: str) -> str:
     links (redacted as ``redact_url`` does), words that look like tokens, digit runs, and
     what this process extracted lately (a code it waits for, a token out of a link)."""
     text = _URL_IN_TEXT.sub(_redacted_link, text)
-    text = _BASE64_RUN.sub(_masked_if_base64, text)
+    text = _unbased(text)
     text = _LONG_WORD.sub(_masked_if_token, text)
     text = _CODES.sub(_masked_code, text)
     return mask_extracted(mask_secrets(text))
@@ -368,7 +370,10 @@ def _is_token(word: str) -> bool:
     changes = sum(1 for a, b in itertools.pairwise(kinds) if a != b)
     # Both cases, or one case with digits (base 36: ``k7q9x2m4p8z3w6r1``).
     cases = {"u", "l"} & set(kinds)
-    return (len(cases) == 2 or (bool(cases) and "d" in kinds)) and changes * 4 >= len(word)
+    # One case with digits only as an unbroken word: a dash or an underscore is a change
+    # too, and would make a name of words (``python3-11-slim``, ``signup-22092e91ab``) one.
+    one_case = len(cases) == 1 and "d" in kinds and "" not in kinds
+    return (len(cases) == 2 or one_case) and changes * 4 >= len(word)
 
 
 def _kind(char: str) -> str:
@@ -382,9 +387,18 @@ def _masked_if_token(match: re.Match[str]) -> str:
 
 def _masked_if_base64(match: re.Match[str]) -> str:
     """A base64 run masked whole if its letters and digits, read as one word, look like a
-    token; a path of words (``/static/js/app``) does not."""
+    token of both cases, as random base64 has; a path (``/static/js/app``,
+    ``bucket1/key2/file3``) does not."""
     run = match.group()
-    return _keep_length(run) if _is_token(re.sub("[+/=]", "", run)) else run
+    word = re.sub("[+/=]", "", run)
+    return (
+        _keep_length(run) if not word.islower() and not word.isupper() and _is_token(word) else run
+    )
+
+
+def _unbased(text: str) -> str:
+    """``text`` with its base64 tokens masked (a ``+`` or a ``/`` in it at least)."""
+    return _BASE64_RUN.sub(_masked_if_base64, text) if "+" in text or "/" in text else text
 
 
 def _masked_code(match: re.Match[str]) -> str:
