@@ -478,6 +478,25 @@ def test_an_answer_masks_the_token_of_a_link_the_test_extracted(
     assert (entry.tool, entry.tool_call_id) == ("••••••mw", "••••••mw")
 
 
+@SIGNUP
+def test_a_code_the_agent_echoes_as_a_number_is_masked_in_the_evidence(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """Only texts were masked: a code sent back as a number (a fence) was kept as it was,
+    in the journal and in the receipt's evidence, so in JUnit XML too."""
+    tools = isolated_mailbox.agent_tools()
+    app.signup(isolated_mailbox.address)
+    code = isolated_mailbox.wait_for(timeout=10).code()
+    ack = {"fixture_id": isolated_mailbox.mailbox_id, "message_id": "m-000000000000"}
+
+    assert tools.call("ack_message", {**ack, "fence": int(code)})["status"] == "policy_denied"
+
+    assert code not in journal_text(isolated_mailbox)
+    assert code not in dump_receipt(isolated_mailbox.receipt())
+    (entry,) = tools.evidence()
+    assert entry.arguments["fence"] == "•" * (len(code) - 2) + code[-2:]
+
+
 def journal_text(mailbox: Mailbox) -> str:
     """Every evidence entry as the journal's file holds it, read with plain SQLite."""
     with closing(sqlite3.connect(journal_path(mailbox.store.path))) as conn:
@@ -1685,6 +1704,7 @@ def test_reveal_gives_the_harness_what_the_model_never_sees(
         with pytest.raises(MailboxClosed) as foreign:
             tools.reveal(wrong)
         assert foreign.value.status is Status.POLICY_DENIED
+        assert foreign.value.result["message_id"] == shown  # a code passed by mistake too
         assert str(foreign.value) == (
             f"reveal: '{shown}' is not a message of {isolated_mailbox.address}; pass a "
             "message_id that this run's tools answered with"
@@ -2245,7 +2265,7 @@ def test_evidence_masks_an_id_only_when_the_agent_echoed_a_value_whole(
         "message_id": "m-4965e5558d22",
         "selector": {"subject_contains": "code ••65", "message_id": "m-••••••••••t9"},
         "purpose": "••••••••••t9",
-        "timeout": 4965,
+        "timeout": "••65",  # a number that is the code: echoed, masked as its text
     }
 
 

@@ -419,7 +419,9 @@ class _Journal:
         # What admit() counts, read from an index: a call's cost does not grow with the run's.
         "CREATE INDEX IF NOT EXISTS evidence_budget ON evidence (mailbox_id, budget, allowed)",
         "CREATE INDEX IF NOT EXISTS evidence_tool ON evidence (mailbox_id, tool, allowed)",
-        "CREATE TABLE IF NOT EXISTS bindings (mailbox_id TEXT PRIMARY KEY, contract TEXT NOT NULL)",
+        # The contract of each mailbox with tools (a toolset's ttl_max is in its command).
+        "CREATE TABLE IF NOT EXISTS contracts (mailbox_id TEXT PRIMARY KEY,"
+        " contract TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS calls (mailbox_id TEXT PRIMARY KEY, made INTEGER NOT NULL)",
     )
 
@@ -446,14 +448,14 @@ class _Journal:
     def bind(self, mailbox_id: str, contract: EmailContract) -> None:
         with self._connect() as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO bindings VALUES (?,?)",
+                "INSERT OR REPLACE INTO contracts VALUES (?,?)",
                 (mailbox_id, contract.model_dump_json()),
             )
 
     def binding(self, mailbox_id: str) -> EmailContract | None:
         with self._connect() as conn:
             row = conn.execute(
-                "SELECT contract FROM bindings WHERE mailbox_id = ?", (mailbox_id,)
+                "SELECT contract FROM contracts WHERE mailbox_id = ?", (mailbox_id,)
             ).fetchone()
         return None if row is None else EmailContract.model_validate_json(row[0])
 
@@ -548,6 +550,8 @@ class _Call:
     arguments: dict[str, Any] = field(default_factory=dict)
     row: int | None = None
     quiet: bool = False  # past MAX_CALLS: answered, not journaled (the first says why)
+    #: What masks the call's texts (``AgentTools._hider``): the store's digests, read once.
+    hide: Callable[[str], str] = str
 
     def with_step(self, step: str) -> _Call:
         return replace(self, steps=[*self.steps, step])
@@ -777,9 +781,10 @@ class AgentTools:
             at=utc(self.mailbox.store.clock()),
         )
         try:
+            call.hide = self._hider()
             answer = self._affordable(self._decide(name, arguments, call))
             if answer.reason is not None:  # it may quote the agent: "there is no tool …"
-                answer = answer.model_copy(update={"reason": self._hider()(answer.reason)})
+                answer = answer.model_copy(update={"reason": call.hide(answer.reason)})
             if self.contract.mode == "dry-run":
                 answer = answer.model_copy(update={"dry_run": True})
             if not call.quiet:
@@ -852,7 +857,7 @@ class AgentTools:
             reason=reason,
             latency_ms=latency_ms,
         )
-        return _remasked(entry, self._hider())
+        return _remasked(entry, call.hide)
 
     def _record(self, call: _Call, answer: Answer, started: float) -> None:
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -1340,11 +1345,12 @@ class AgentTools:
         now = mailbox.store.clock()
         if row is None or row.mailbox_id != mailbox.mailbox_id:
             # No claim can help: say so, rather than send the agent to claim it.
+            named = mask_copied(_str(message_id))
             msg = (
-                f"reveal: {mask_copied(_str(message_id))!r} is not a message of "
-                f"{mailbox.address}; pass a message_id that this run's tools answered with"
+                f"reveal: {named!r} is not a message of {mailbox.address}; pass a "
+                "message_id that this run's tools answered with"
             )
-            raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": message_id})
+            raise MailboxClosed(msg, status=Status.POLICY_DENIED, result={"message_id": named})
         if row.holder != mailbox.run_id or not (
             row.state == Status.CONSUMED.value or row.leased(now)
         ):
@@ -1394,6 +1400,10 @@ def _texts_unextracted(value: Any, hide: Callable[[str], str] = _unextracted) ->
         }
     if isinstance(value, list):
         return [_texts_unextracted(item, hide) for item in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # A code the agent echoes as a number (a fence, a ttl): kept as its masked text.
+        hidden = hide(str(value))
+        return hidden if hidden != str(value) else value
     return value
 
 
