@@ -1971,9 +1971,15 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
         f"--store {tmp_path}: a directory, not a store file"
     )
     (junit := tmp_path / "report.xml").write_text("<testsuites/>")
-    assert refused("--store", str(junit), "--mailbox-id", own, "--fence", "1").startswith(
-        f"the store {junit} failed: file is not a database"
-    )  # and not a traceback
+    journal = journal_path(mailbox_store.path)  # SQLite, but not a store
+    for wrong in (junit, journal):  # a usage error, not a traceback; and nothing written
+        assert refused("--store", str(wrong), "--mailbox-id", own, "--fence", "1") == (
+            f"--store {wrong}: not a pytest-mailbox store; pass the file that mcp_command() "
+            "names (pytest-mailbox.sqlite3 in the run's base temp)"
+        )
+    with closing(sqlite3.connect(journal)) as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert "mailboxes" not in tables
     assert refused(
         "--store", store, "--mailbox-id", own, "--fence", str(fence), "--ttl-max", "301"
     ) == (

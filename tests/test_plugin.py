@@ -1702,7 +1702,8 @@ NOT_RECEIPTS = "not JUnit XML or pytest-mailbox JSON Lines receipts"
         # XML that is no JUnit report (an HTML report named .xml) listed no runs, rc 0
         (
             b"<html><body>5 passed</body></html>",
-            f"{NOT_RECEIPTS} (XML whose root is <html>, not a JUnit report's <testsuites>)",
+            f"{NOT_RECEIPTS} (XML whose root is <html>, not a JUnit report's <testsuites> or "
+            "<testsuite>)",
         ),
         (b"\xff\xfe\x00binary", NOT_RECEIPTS),
     ],
@@ -1738,6 +1739,13 @@ def test_receipts_cli_says_an_unknown_option_with_its_own_usage(tmp_path: Path) 
     assert proc.returncode == 2
     assert proc.stderr.startswith("usage: python -m pytest_mailbox receipts ")
     assert proc.stderr.endswith("error: unrecognized arguments: --timline\n")
+    # an option of the command's, before the command: said where it goes
+    before = [*argv[:3], "--timeline", *argv[3:]]
+    proc = subprocess.run(before, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.endswith(
+        "error: unrecognized arguments: --timeline (--timeline: options go after 'receipts')\n"
+    )
 
 
 def test_receipts_cli_refuses_an_unknown_state(tmp_path: Path) -> None:

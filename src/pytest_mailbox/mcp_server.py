@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import sqlite3
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -171,9 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.store.is_file():
         found = "a directory, not a store file" if args.store.is_dir() else "no such file"
         parser.error(f"--store {args.store}: {found}")
+    if not _is_store(args.store):  # Store() would make one of any SQLite file (the journal)
+        parser.error(
+            f"--store {args.store}: not a pytest-mailbox store; pass the file that "
+            "mcp_command() names (pytest-mailbox.sqlite3 in the run's base temp)"
+        )
     try:
         store = Store(args.store)
-    except StoreError as exc:  # not SQLite, or not a store: the message says which
+    except StoreError as exc:  # a store, but it failed: the message says how
         parser.error(str(exc))
     try:
         tools = AgentTools.attach(store, args.mailbox_id, args.fence, args.ttl_max)
@@ -185,6 +192,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         store.close()
     return 0
+
+
+def _is_store(path: Path) -> bool:
+    """Whether ``path`` holds a pytest-mailbox store, read without writing to it."""
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error:  # not SQLite at all
+        return False
+    return {"mailboxes", "keys"} <= tables
 
 
 if __name__ == "__main__":

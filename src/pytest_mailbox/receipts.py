@@ -54,7 +54,9 @@ def read_receipts(path: str | Path) -> list[Receipt]:
     if text.lstrip().startswith("<"):
         root = ET.fromstring(text)
         if root.tag not in ("testsuites", "testsuite"):  # an HTML report, say: not 0 runs
-            msg = f"XML whose root is <{root.tag}>, not a JUnit report's <testsuites>"
+            msg = (
+                f"XML whose root is <{root.tag}>, not a JUnit report's <testsuites> or <testsuite>"
+            )
             raise ValueError(msg)
         parsed = (
             parse_receipt(prop.get("value", ""))
@@ -120,7 +122,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the command's parser, so its usage is the one shown
-        show.error(f"unrecognized arguments: {' '.join(unknown)}")
+        known = [arg for arg in unknown if arg.split("=", 1)[0] in show._option_string_actions]
+        hint = f" ({', '.join(known)}: options go after 'receipts')" if known else ""
+        show.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     # A run_id names one run of one test: the JUnit XML and the JSON Lines of one pytest run
     # hold the same receipts, so a run given in both is listed once.
     receipts: dict[str, Receipt] = {}
