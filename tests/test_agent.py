@@ -497,6 +497,47 @@ def test_a_code_the_agent_echoes_as_a_number_is_masked_in_the_evidence(
     assert entry.arguments["fence"] == "•" * (len(code) - 2) + code[-2:]
 
 
+def test_a_code_with_leading_zeros_echoed_as_a_number_is_masked_in_the_evidence(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A number loses a code's leading zeros (048213 sent as 48213): compared as written,
+    five of its six digits were kept in clear."""
+    tools = isolated_mailbox.agent_tools()
+    app.send(isolated_mailbox.address, "Your code", "Your code is 048213.\n")
+    assert isolated_mailbox.wait_for(timeout=10).code() == "048213"
+    ack = {"fixture_id": isolated_mailbox.mailbox_id, "message_id": "m-000000000000"}
+
+    tools.call("ack_message", {**ack, "fence": 48213})
+
+    assert "48213" not in journal_text(isolated_mailbox)
+    (entry,) = tools.evidence()
+    assert entry.arguments["fence"] == "•••13"
+
+
+def test_a_call_whose_masks_cannot_be_read_journals_its_texts_masked_whole(
+    isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the store's digests could not be read, the entry was written with no mask at
+    all: a code the agent echoed, known by its digest alone in an MCP server's process,
+    went to the journal and the log in clear."""
+    tools = isolated_mailbox.agent_tools()
+
+    def unreadable() -> None:
+        msg = "the store failed under the read"
+        raise StoreError(msg)
+
+    monkeypatch.setattr(isolated_mailbox, "_digests", unreadable)
+    with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):
+        answer = tools.call("QXKZTRWB", {}, tool_call_id="QXKZTRWB")
+
+    assert answer["status"] == "provider_error"
+    assert "QXKZTRWB" not in journal_text(isolated_mailbox)
+    assert "QXKZTRWB" not in caplog.text
+    monkeypatch.undo()
+    (entry,) = tools.evidence()
+    assert (entry.tool, entry.tool_call_id) == ("••••••••", "••••••••")
+
+
 def journal_text(mailbox: Mailbox) -> str:
     """Every evidence entry as the journal's file holds it, read with plain SQLite."""
     with closing(sqlite3.connect(journal_path(mailbox.store.path))) as conn:
@@ -1700,7 +1741,9 @@ def test_reveal_gives_the_harness_what_the_model_never_sees(
     app.signup(other.address)
     (theirs,) = mailbox_store.messages(other.mailbox_id)
     # no claim can make these the run's: the answer does not send the agent to claim them
-    for wrong, shown in ((theirs.message_id, theirs.message_id), ("483920", "••••20")):
+    cases = [(theirs.message_id, theirs.message_id), ("483920", "••••20")]
+    cases.append(("m-1234567890ab", "m-1234567890ab"))  # an id's digits are no code
+    for wrong, shown in cases:
         with pytest.raises(MailboxClosed) as foreign:
             tools.reveal(wrong)
         assert foreign.value.status is Status.POLICY_DENIED

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import pytest_mailbox
 from pytest_mailbox import message as message_module
-from pytest_mailbox.contract import _regex_problem
+from pytest_mailbox.contract import Selector, _regex_problem
 from pytest_mailbox.errors import ExtractionError
 from pytest_mailbox.message import (
     MAX_PARSED_HEADER,
@@ -344,6 +344,13 @@ def test_a_host_that_holds_a_code_or_token_is_shown_redacted(host: str, shown: s
     with pytest.raises(ExtractionError) as asked:
         message.link(domain=f"{host}:8443")  # what it was looked for on, shown alike
     assert str(asked.value).startswith(f"no link on {shown}:8443 in message m-1; ")
+
+
+def test_a_selector_masks_a_code_joined_by_a_tab_as_written_not_as_quoted() -> None:
+    """repr() writes a tab as the two characters \\t, which joined no groups any more."""
+    selector = Selector(body_contains="Code:\t482\t913")
+
+    assert selector.describe(mask_copied) == "body_contains='Code:\\t•••\\t•13'"
 
 
 def test_shown_host_of_an_address_or_of_no_url() -> None:
@@ -696,6 +703,8 @@ def test_code_from_html_only_mail() -> None:
             "https://pr-1234-preview-app3.example.test/",
             "https://pr-1234-preview-app3.example.test/",
         ),
+        # past DNS's 63 characters a label is no name (and is not searched for a code)
+        (f"https://{'a' * 64}.example.test/", "https://….example.test/"),
         ("https://node-0001.2026.example.test/", "https://node-0001.2026.example.test/"),
         ("https://ip-10-0-0-1.ec2.internal/", "https://ip-10-0-0-1.ec2.internal/"),
         ("http://127.0.0.1:8000/", "http://127.0.0.1:8000/"),
@@ -1245,6 +1254,9 @@ def test_selector_values_mask_tokens_and_links_but_not_names(text: str, masked: 
         ("Key AB12-CD34-EF56-GH78", "Key •••••••••••••••••78"),
         ("Key AB12CD-EF34GH-IJ56KL-MN78OP", "Key •••••••••••••••••••••••••OP"),  # 24, the most
         ("Token q8Zk+Lm3/Xp9Rt2+Wv7N= inside", "Token •••••••••••••••••••N= inside"),  # base64
+        # twelve bytes: 16 characters with the + (15 letters and digits without it)
+        ("Your token is k61Y760z+crzM9pv.", "Your token is ••••••••••••••pv."),
+        ("Code ٤٨٣ ٩٢٠ now", "Code ••• •٢٠ now"),  # another script's digits, grouped
         (
             "token=q8Zk+Lm3/Xp9Rt2+Wv7N= key_q8Zk+Lm3/Xp9Rt2+Wv7N",
             "token=•••••••••••••••••••N= key_••••••••••••••••••7N",

@@ -551,7 +551,8 @@ class _Call:
     row: int | None = None
     quiet: bool = False  # past MAX_CALLS: answered, not journaled (the first says why)
     #: What masks the call's texts (``AgentTools._hider``): the store's digests, read once.
-    hide: Callable[[str], str] = str
+    #: Until it is made (or if making it failed), every text is masked whole.
+    hide: Callable[[str], str] = lambda text: "\u2022" * len(text)
 
     def with_step(self, step: str) -> _Call:
         return replace(self, steps=[*self.steps, step])
@@ -607,6 +608,8 @@ def _bare(text: str) -> str:
 
 
 _ID_FIELDS = frozenset({"fixture_id", "message_id"})
+#: The longest code written with leading zeros that a number an agent sends is tried as.
+_MAX_PADDED = 8
 _NOT_THIS_RUNS = "(not this run's)"  # the evidence's fixture_id of a call on another mailbox
 
 
@@ -794,8 +797,8 @@ class AgentTools:
             log.warning(
                 "agent tool call %s (%s) of %s failed in the harness; the agent was answered "
                 "provider_error",
-                call.tool,
-                call.tool_call_id,
+                call.hide(call.tool),
+                call.hide(call.tool_call_id),
                 self.mailbox.mailbox_id,
                 exc_info=True,
             )
@@ -1345,7 +1348,10 @@ class AgentTools:
         now = mailbox.store.clock()
         if row is None or row.mailbox_id != mailbox.mailbox_id:
             # No claim can help: say so, rather than send the agent to claim it.
-            named = mask_copied(_str(message_id))
+            # An id of the plugin's shape as it is (its hex may hold digit runs); anything
+            # else masked: a test may pass a code by mistake.
+            is_id = isinstance(message_id, str) and re.fullmatch(_MESSAGE_ID, message_id)
+            named = message_id if is_id else mask_copied(_str(message_id))
             msg = (
                 f"reveal: {named!r} is not a message of {mailbox.address}; pass a "
                 "message_id that this run's tools answered with"
@@ -1401,9 +1407,15 @@ def _texts_unextracted(value: Any, hide: Callable[[str], str] = _unextracted) ->
     if isinstance(value, list):
         return [_texts_unextracted(item, hide) for item in value]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        # A code the agent echoes as a number (a fence, a ttl): kept as its masked text.
-        hidden = hide(str(value))
-        return hidden if hidden != str(value) else value
+        # A code the agent echoes as a number (a fence, a ttl): kept as its masked text,
+        # whether or not the code began with zeros (048213 echoed as 48213).
+        text = str(value)
+        forms = [text]
+        if isinstance(value, int) and value >= 0:
+            forms += [f"{value:0{n}d}" for n in range(len(text) + 1, _MAX_PADDED + 1)]
+        if any(hide(form) != form for form in forms):
+            return "\u2022" * max(0, len(text) - 2) + text[-2:]
+        return value
     return value
 
 

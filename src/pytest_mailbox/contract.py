@@ -295,9 +295,11 @@ class Selector(BaseModel):
                 continue
             if name == "received_after":
                 parts.append(f"received_after={_instant(value)}")
-            else:
-                part = f"{name}={value!r}"
-                parts.append(mask(part) if mask else part)
+            elif mask is None:
+                parts.append(f"{name}={value!r}")
+            else:  # a text masked as written too: repr() writes a tab as "\t", a code's joiner
+                shown = mask(value) if isinstance(value, str) else value
+                parts.append(mask(f"{name}={shown!r}"))
         return ", ".join(parts) or "any message"
 
 

@@ -139,8 +139,9 @@ def _describe(selector: Selector) -> str:
 
 
 def _quoted(value: str) -> str:
-    """A selector value quoted in a near-miss reason, masked as ``_describe`` masks it."""
-    return mask_copied(repr(value))
+    """A selector value quoted in a near-miss reason, masked as ``_describe`` masks it:
+    as written, then as quoted."""
+    return mask_copied(repr(mask_copied(value)))
 
 
 def _similar(alias: str, mine: str) -> bool:

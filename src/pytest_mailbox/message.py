@@ -122,10 +122,10 @@ _CODES = re.compile(  # each starts with a digit or a capital: the lookahead fai
 _JOINER = r"(?:[ \t\u00a0\u1680\u2000-\u200d\u202f\u205f\u2060\u3000]{1,3}|[\-\u2013])"
 _GROUPED = re.compile(  # (?=\d): every alternative starts with a digit, so it fails fast
     f"(?=\\d)(?:(?P<when>{_WHEN})"
-    rf"|(?<![A-Za-z0-9.,/-])(?<!\d:)\d+(?:{_JOINER}\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
+    rf"|(?<![A-Za-z\d.,/-])(?<!\d:)\d+(?:{_JOINER}\d+)+(?![A-Za-z0-9/-]|[.,:]\d)"
     # A dot joins two groups of three only: more dotted numbers are an address, a date,
     # a version or a phone number (192.168.1.1, 12.03.26, 10.20.30, 555.123.4567).
-    r"|(?<![A-Za-z0-9.,/-])\d{3}\.\d{3}(?![A-Za-z0-9/.-]|[,:]\d))"
+    r"|(?<![A-Za-z\d.,/-])\d{3}\.\d{3}(?![A-Za-z0-9/.-]|[,:]\d))"
 )
 _GROUP = re.compile(r"\d+")
 _YEAR = re.compile(r"(?:19|20)\d\d")
@@ -244,7 +244,10 @@ def _untokened_host(netloc: str, host: str) -> str:
     if len(written) != len(labels):  # pragma: no cover - urlsplit reads netloc so
         return host
     return ".".join(
-        _REDACTED if _is_token(as_written) or _CODE_LABEL.fullmatch(label) else label
+        # Past DNS's 63 characters a label is no name, and _CODE_LABEL would take long on it.
+        _REDACTED
+        if len(label) > 63 or _is_token(as_written) or _CODE_LABEL.fullmatch(label)
+        else label
         for as_written, label in zip(written, labels, strict=True)
     )
 
@@ -355,12 +358,15 @@ def mask_copied(text: str) -> str:
     return mask_extracted(mask_secrets(text))
 
 
-def _is_token(word: str) -> bool:
+def _is_token(word: str, least: int | None = None) -> bool:
     """A random-looking word of 16+ characters: letters of both cases, or of one case
     with digits, that change class (upper, lower, digit) at every fourth character or
     more, as random text does, and not capitalised words run together
-    (``SpringPromo2026Launch``); hex digits with letters; or a UUID."""
-    if len(word) < _TOKEN_MIN or _OWN_ID.fullmatch(word) or _CAMEL.fullmatch(word):
+    (``SpringPromo2026Launch``); hex digits with letters; or a UUID. ``least``: another
+    length to start from (a base64 run's letters and digits, without its ``+`` and ``/``)."""
+    if len(word) < (_TOKEN_MIN if least is None else least):
+        return False
+    if _OWN_ID.fullmatch(word) or _CAMEL.fullmatch(word):
         return False
     if _UUID.fullmatch(word) or (
         _HEX.fullmatch(word) and not word.isdigit() and not word.isalpha()
@@ -390,10 +396,9 @@ def _masked_if_base64(match: re.Match[str]) -> str:
     token of both cases, as random base64 has; a path (``/static/js/app``,
     ``bucket1/key2/file3``) does not."""
     run = match.group()
-    word = re.sub("[+/=]", "", run)
-    return (
-        _keep_length(run) if not word.islower() and not word.isupper() and _is_token(word) else run
-    )
+    word = re.sub("[+/=]", "", run)  # 16 long with its + and /, as the run is: long enough
+    mixed = not word.islower() and not word.isupper()
+    return _keep_length(run) if mixed and _is_token(word, least=len(word)) else run
 
 
 def _unbased(text: str) -> str:
