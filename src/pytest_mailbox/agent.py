@@ -66,6 +66,7 @@ from pytest_mailbox.message import (
     TEST_EXTRACTED,
     Message,
     _host,
+    _keep_length,
     _redacted_link,
     mask_copied,
     mask_extracted,
@@ -1414,7 +1415,7 @@ def _texts_unextracted(value: Any, hide: Callable[[str], str] = _unextracted) ->
         if isinstance(value, int) and value >= 0:
             forms += [f"{value:0{n}d}" for n in range(len(text) + 1, _MAX_PADDED + 1)]
         if any(hide(form) != form for form in forms):
-            return "\u2022" * max(0, len(text) - 2) + text[-2:]
+            return _keep_length(text)
         return value
     return value
 
