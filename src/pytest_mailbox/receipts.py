@@ -111,18 +111,23 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     show = commands.add_parser("receipts", help="Print the receipts in JUnit XML or JSONL files")
     show.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    show.add_argument("--test", default="", help="Only runs whose test id contains this text")
-    show.add_argument(
+    test = show.add_argument(
+        "--test", default="", help="Only runs whose test id contains this text"
+    )
+    state = show.add_argument(
         "--state",
         default="",
         choices=[*_MAILBOX_STATES, *(r.value for r in CloseReason)],
         help="Only runs whose mailbox ended in this state or for this close reason, e.g. "
         "expired or released_error",
     )
-    show.add_argument("--timeline", action="store_true", help="Print each run's timeline too")
+    timeline = show.add_argument(
+        "--timeline", action="store_true", help="Print each run's timeline too"
+    )
+    options = {name for action in (test, state, timeline) for name in action.option_strings}
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the command's parser, so its usage is the one shown
-        known = [arg for arg in unknown if arg.split("=", 1)[0] in show._option_string_actions]
+        known = [arg for arg in unknown if arg.split("=", 1)[0] in options]
         hint = f" ({', '.join(known)}: options go after 'receipts')" if known else ""
         show.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     # A run_id names one run of one test: the JUnit XML and the JSON Lines of one pytest run
