@@ -639,7 +639,49 @@ def test_unknown_selector_field_lists_the_allowed_fields(isolated_mailbox: Mailb
 
     assert str(caught.value) == (
         "selector: unknown field 'subjekt'; allowed fields: subject, subject_contains, "
-        "subject_regex, sender, header, body_contains, body_regex, received_after"
+        "subject_regex, sender, header, body_contains, body_regex, received_after; "
+        "wait_for's own arguments: timeout, lease"
+    )
+
+
+@pytest.mark.parametrize("wait", ["sync", "async"])
+def test_a_misspelt_argument_of_a_wait_is_told_the_wait_s_own(
+    isolated_mailbox: Mailbox, wait: str
+) -> None:
+    def wait_for(**given: Any) -> None:
+        if wait == "sync":
+            isolated_mailbox.wait_for(**given)
+        else:
+            asyncio.run(isolated_mailbox.wait_for_async(**given))
+
+    # timout= went into the selector, whose refusal listed the fields but not timeout
+    with pytest.raises(ContractError) as caught:
+        wait_for(subject_contains="x", timout=0.1)
+
+    assert str(caught.value).startswith("selector: unknown field 'timout'; allowed fields: ")
+    assert str(caught.value).endswith("; wait_for's own arguments: timeout, lease")
+
+
+@pytest.mark.parametrize("wait", ["sync", "async"])
+def test_expect_none_given_timeout_or_nothing_says_within(
+    isolated_mailbox: Mailbox, wait: str
+) -> None:
+    def expect_none(**given: Any) -> None:
+        if wait == "sync":
+            isolated_mailbox.expect_none(**given)
+        else:
+            asyncio.run(isolated_mailbox.expect_none_async(**given))
+
+    # timeout=, as wait_for takes it: a bare TypeError about 'within' before
+    with pytest.raises(ContractError) as caught:
+        expect_none(timeout=0.1, subject_contains="x")
+    assert str(caught.value).startswith("selector: unknown field 'timeout'; ")
+    assert str(caught.value).endswith("; expect_none's own argument: within")
+
+    with pytest.raises(ContractError) as caught:
+        expect_none(subject_contains="x")
+    assert str(caught.value) == (
+        "expect_none: within= is required: the seconds in which no match may arrive"
     )
 
 

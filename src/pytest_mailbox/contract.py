@@ -154,10 +154,12 @@ def describe_validation_error(
     allowed: dict[str, str],
     *,
     sources: Mapping[str, str] | None = None,
+    own: str = "",
 ) -> str:
     """Turn a pydantic error into one line per field: name, value given, what is allowed.
 
-    ``sources`` names where each field's value came from: ``purpose='x' (ini mailbox_purpose)``.
+    ``sources`` names where each field's value came from: ``purpose='x' (ini mailbox_purpose)``;
+    ``own`` is said after the allowed fields of an unknown one (a call's other arguments).
     """
     lines = []
     for item in error.errors():
@@ -165,7 +167,9 @@ def describe_validation_error(
         top = str(item["loc"][0]) if item["loc"] else ""
         came = f" ({sources[top]})" if sources and top in sources else ""
         if item["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown field {field!r}; allowed fields: {', '.join(allowed)}")
+            lines.append(
+                f"{source}: unknown field {field!r}; allowed fields: {', '.join(allowed)}{own}"
+            )
             continue
         hint = allowed.get(top, "")
         lines.append(

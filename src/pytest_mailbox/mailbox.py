@@ -106,6 +106,11 @@ def new_run_id() -> str:
 _RELEASE_REASONS = (CloseReason.RELEASED_SUCCESS, CloseReason.RELEASED_ERROR)
 
 
+# What the waits take besides a selector's fields, said beside them when a field is unknown.
+_WAIT_OWN = "; wait_for's own arguments: timeout, lease"
+_NONE_OWN = "; expect_none's own argument: within"
+
+
 def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None:
     """Refuse a duration given to one call that is not a finite number of seconds above
     zero (or at least zero): a lease of 0 would hand back a claim already lapsed, and a
@@ -395,7 +400,7 @@ class Mailbox:
     ) -> ClaimedMessage:
         """Wait for exactly one matching message and claim it under the contract's lease."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
-        return self._run(self._wait_steps(self._selector(selector), timeout, lease))
+        return self._run(self._wait_steps(self._selector(selector, _WAIT_OWN), timeout, lease))
 
     async def wait_for_async(
         self,
@@ -406,17 +411,20 @@ class Mailbox:
     ) -> ClaimedMessage:
         """``wait_for`` for async tests: the same steps, awaiting instead of blocking."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
-        return await self._run_async(self._wait_steps(self._selector(selector), timeout, lease))
+        return await self._run_async(
+            self._wait_steps(self._selector(selector, _WAIT_OWN), timeout, lease)
+        )
 
-    def expect_none(self, *, within: float, **selector: Any) -> None:
-        """Pass only if no matching message arrives within ``within`` seconds (a real wait)."""
+    def expect_none(self, *, within: float | None = None, **selector: Any) -> None:
+        """Pass only if no matching message arrives within ``within`` seconds (a real wait).
+        ``within`` is required; it has a default only to be refused as a ``ContractError``."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
-        self._run(self._none_steps(self._selector(selector), within))
+        self._run(self._none_steps(self._selector(selector, _NONE_OWN), within))
 
-    async def expect_none_async(self, *, within: float, **selector: Any) -> None:
+    async def expect_none_async(self, *, within: float | None = None, **selector: Any) -> None:
         """``expect_none`` for async tests."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
-        await self._run_async(self._none_steps(self._selector(selector), within))
+        await self._run_async(self._none_steps(self._selector(selector, _NONE_OWN), within))
 
     def look_for(
         self,
@@ -499,8 +507,11 @@ class Mailbox:
                 raise WaitTimeout(self._timeout_text(chosen, limit, misses))
             yield replace(pause, wake=self._lapse(misses, chosen, woken))
 
-    def _none_steps(self, chosen: Selector, within: float) -> Generator[_Pause, None, None]:
+    def _none_steps(self, chosen: Selector, within: float | None) -> Generator[_Pause, None, None]:
         __tracebackhide__ = True
+        if within is None:  # a timeout= given instead was refused by the selector, naming it
+            msg = "expect_none: within= is required: the seconds in which no match may arrive"
+            raise ContractError(msg)
         _seconds("expect_none", "within", within, zero=True)
         deadline = time.monotonic() + within
         while True:
@@ -603,13 +614,15 @@ class Mailbox:
             result: _T = done.value
             return result
 
-    def _selector(self, given: dict[str, Any]) -> Selector:
+    def _selector(self, given: dict[str, Any], own: str = "") -> Selector:
+        """``given`` as a Selector; ``own`` names the call's own arguments, which a misspelt
+        one (``timout=``) would otherwise not see among the fields the refusal lists."""
         __tracebackhide__ = True
         try:
             return Selector(**given)
         except ValidationError as exc:
             raise ContractError(
-                describe_validation_error("selector", exc, SELECTOR_FIELDS)
+                describe_validation_error("selector", exc, SELECTOR_FIELDS, own=own)
             ) from None
 
     def _mark_waiting(self, selector: Selector) -> None:
