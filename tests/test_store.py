@@ -19,6 +19,7 @@ import pytest
 from storekit import DOMAIN, T0, Clock, claim, fence_counter, rows, snapshot
 
 from pytest_mailbox import store as store_module
+from pytest_mailbox.agent import _Journal, journal_path
 from pytest_mailbox.contract import CloseReason, EmailContract, Status, utc
 from pytest_mailbox.errors import (
     AlreadyClaimed,
@@ -114,6 +115,31 @@ def test_store_refuses_a_path_that_is_no_regular_file(tmp_path: Path, kind: str)
 
 
 # -- reserve ------------------------------------------------------------------------------
+
+
+def test_a_new_store_file_its_log_and_the_agents_journal_are_its_owner_s_alone(
+    tmp_path: Path,
+) -> None:
+    # It holds every body in clear and the digests' key: 0644 under the usual umask let
+    # any user of the machine read them (where --basetemp is not pytest's private folder).
+    before = os.umask(0o022)
+    try:
+        with Store(tmp_path / "new.sqlite3") as store:
+            store.reserve(run_id="run-1", purpose="signup", ttl=60, domain=DOMAIN)
+            _Journal(journal_path(store.path))  # the agents' evidence, beside it
+            modes = {
+                name: (tmp_path / name).stat().st_mode & 0o777
+                for name in ("new.sqlite3", "new.sqlite3-wal", "new.sqlite3-shm")
+            }
+            modes["new.agent.sqlite3"] = (tmp_path / "new.agent.sqlite3").stat().st_mode & 0o777
+        # a file that was there keeps its mode: the user chose it
+        (tmp_path / "old.sqlite3").touch(mode=0o640)
+        Store(tmp_path / "old.sqlite3").close()
+    finally:
+        os.umask(before)
+
+    assert modes == dict.fromkeys(modes, 0o600)
+    assert (tmp_path / "old.sqlite3").stat().st_mode & 0o777 == 0o640
 
 
 def test_reserve_is_idempotent_on_run_and_purpose_while_active(store: Store, db: Path) -> None:

@@ -73,7 +73,7 @@ from pytest_mailbox.message import (
     redact_url,
 )
 from pytest_mailbox.settings import argument
-from pytest_mailbox.store import Outcome, Store
+from pytest_mailbox.store import Outcome, Store, owner_only
 from pytest_mailbox.vocabulary import shown, utc
 
 __all__ = ["MAX_CALLS", "AgentTools", "Answer", "NextAction", "journal_path"]
@@ -428,10 +428,12 @@ class _Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with FileLock(f"{path}.lock"), self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            for statement in self._SCHEMA:
-                conn.execute(statement)
+        with FileLock(f"{path}.lock"):
+            owner_only(path)  # an agent's arguments may quote what the test's mail said
+            with self._connect() as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+                for statement in self._SCHEMA:
+                    conn.execute(statement)
 
     @contextmanager
     def _connect(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import secrets
 import sqlite3
 import sys
@@ -419,6 +420,7 @@ class Store:
     def _open(self) -> None:
         """Create or migrate the schema, and read the digests' key."""
         with FileLock(str(self.path) + ".lock"):
+            owner_only(self.path)  # it holds every body in clear, and the digests' key
             conn = self._conn()
             conn.execute("PRAGMA journal_mode=WAL")
             with self._write() as tx:
@@ -1497,6 +1499,14 @@ class _Checkpointer:
                         conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
         finally:
             conn.close()
+
+
+def owner_only(path: Path) -> None:
+    """Create ``path`` readable and writable by its owner alone (``0600``, whatever the
+    umask), for SQLite to open: it makes the file's log and shared-memory files with the
+    file's mode. A file that exists keeps the mode it has (its user chose it)."""
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
