@@ -235,6 +235,51 @@ def test_to_header_naming_us_with_another_envelope_recipient_is_not_matched(
     assert delivered.envelope_to == second_mailbox.address
 
 
+def test_a_plus_tag_tells_a_second_address_of_the_test_from_its_own(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # An invitation to a friend and the inviter's own copy: the same subject, both routed
+    # here; only the envelope recipient's tag tells them apart.
+    friend = isolated_mailbox.tagged("Friend")
+    assert friend == f"{isolated_mailbox.alias}+friend@{isolated_mailbox.domain}"
+    send(mailbox_server, mail(isolated_mailbox.address, "You invited a friend"))
+    send(mailbox_server, mail(friend, "You invited a friend"))
+
+    with pytest.raises(AmbiguousMatch):
+        isolated_mailbox.wait_for(subject="You invited a friend", timeout=10)
+    theirs = isolated_mailbox.wait_for(subject="You invited a friend", tag="FRIEND", timeout=10)
+    mine = isolated_mailbox.wait_for(subject="You invited a friend", tag="", timeout=10)
+
+    assert theirs.envelope_to == friend
+    assert mine.envelope_to == isolated_mailbox.address
+
+
+def test_a_wait_for_another_tag_times_out_saying_each_message_s_tag(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address))
+    send(mailbox_server, mail(isolated_mailbox.tagged("friend")))
+
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(subject="Welcome", tag="colleague", timeout=SHORT)
+
+    text = str(caught.value)
+    assert "matched subject='Welcome', tag='colleague' within" in text
+    assert "'Welcome': its tag is none (sent to the alias alone), not 'colleague'" in text
+    assert "'Welcome': its tag is 'friend', not 'colleague'" in text
+
+
+@pytest.mark.parametrize("tag", ["a b", "friend@x", "", "x" * 65, 7])
+def test_tagged_refuses_what_no_address_could_carry(isolated_mailbox: Mailbox, tag: Any) -> None:
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.tagged(tag)
+
+    assert str(caught.value).startswith(f"tagged: tag={tag!r} is invalid; allowed: a plus-tag ")
+    if tag != "":  # the selector takes '' (the alias alone), and nothing else of these
+        with pytest.raises(ContractError, match=r"^selector: tag=.* is invalid: "):
+            isolated_mailbox.wait_for(tag=tag, timeout=SHORT)
+
+
 # -- run correlation header ------------------------------------------------------------------
 
 
@@ -639,7 +684,7 @@ def test_unknown_selector_field_lists_the_allowed_fields(isolated_mailbox: Mailb
 
     assert str(caught.value) == (
         "selector: unknown field 'subjekt'; allowed fields: subject, subject_contains, "
-        "subject_regex, sender, header, body_contains, body_regex, received_after; "
+        "subject_regex, sender, header, tag, body_contains, body_regex, received_after; "
         "wait_for's own arguments: timeout, lease"
     )
 

@@ -190,6 +190,7 @@ SELECTOR_FIELDS: dict[str, str] = {
     "subject_regex": "a regular expression searched in the subject",
     "sender": "an address alone, compared case-insensitively with From and the envelope sender",
     "header": "a (name, value) pair; the name without ':' or line breaks",
+    "tag": "the envelope recipient's plus-tag (friend for alias+friend@domain; '' for none)",
     "body_contains": "text the plain or HTML body contains",
     "body_regex": "a regular expression searched in the body",
     "received_after": "a checkpoint(), a datetime with a time zone or a finite POSIX timestamp",
@@ -206,6 +207,7 @@ class Selector(BaseModel):
     subject_regex: str | None = None
     sender: str | None = None
     header: tuple[str, str] | None = None
+    tag: str | None = None
     body_contains: str | None = None
     body_regex: str | None = None
     received_after: Checkpoint | datetime | float | None = None
@@ -269,6 +271,16 @@ class Selector(BaseModel):
             raise ValueError(msg)
         return value
 
+    @field_validator("tag")
+    @classmethod
+    def _a_tag(cls, value: str | None) -> str | None:
+        """Lower case, as the sink keeps a tag; a tag no address could carry is refused,
+        since a wait with it could only ever time out."""
+        problem = None if value is None else tag_problem(value, empty=True)
+        if problem is not None:
+            raise ValueError(problem)
+        return None if value is None else value.lower()
+
     @field_validator("header")
     @classmethod
     def _header_name(cls, value: tuple[str, str] | None) -> tuple[str, str] | None:
@@ -305,6 +317,18 @@ class Selector(BaseModel):
                 shown = mask(value) if isinstance(value, str) else value
                 parts.append(mask(f"{name}={shown!r}"))
         return ", ".join(parts) or "any message"
+
+
+def tag_problem(tag: object, *, empty: bool = False) -> str | None:
+    """Why ``tag`` cannot be the plus-tag of an address (``alias+tag@domain``), or None."""
+    if isinstance(tag, str) and (
+        (tag or empty) and len(tag) <= 64 and re.fullmatch(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]*", tag)
+    ):
+        return None
+    return (
+        "a plus-tag is up to 64 letters, digits or any of !#$%&'*+/=?^_`{|}~.- "
+        "(no '@', spaces or quotes)" + ("; '' for mail to the alias alone" if empty else "")
+    )
 
 
 def _instant(value: Checkpoint | datetime | float) -> str:

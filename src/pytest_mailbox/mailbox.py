@@ -35,6 +35,7 @@ from pytest_mailbox.contract import (
     describe_validation_error,
     regex_search,
     slow_search_text,
+    tag_problem,
 )
 from pytest_mailbox.endpoint import Signal, normalize_domain
 from pytest_mailbox.errors import (
@@ -147,6 +148,11 @@ def _quoted(value: str) -> str:
     """A selector value quoted in a near-miss reason, masked as ``_describe`` masks it:
     as written, then as quoted."""
     return mask_copied(repr(mask_copied(value)))
+
+
+def _tag(tag: str | None) -> str:
+    """A plus-tag in a near-miss reason: quoted and masked, or said to be none."""
+    return _quoted(tag) if tag else "none (sent to the alias alone)"
 
 
 def _similar(alias: str, mine: str) -> bool:
@@ -342,6 +348,17 @@ class Mailbox:
     @property
     def alias(self) -> str:
         return self._row.alias
+
+    def tagged(self, tag: str) -> str:
+        """This mailbox's address with a plus-tag, ``alias+tag@domain``: mail to it is
+        routed here, and ``wait_for(tag=...)`` tells it from mail to the plain address
+        (a second address for one test, as an invitation to a friend needs)."""
+        __tracebackhide__ = True
+        problem = tag_problem(tag)
+        if problem is not None:
+            msg = f"tagged: tag={shown(tag)} is invalid; allowed: {problem}"
+            raise ContractError(msg)
+        return f"{self.alias}+{tag.lower()}@{self.domain}"
 
     @property
     def domain(self) -> str:
@@ -815,6 +832,8 @@ class Mailbox:
         return self._parsed_message(row).run_header(self.contract.run_header)
 
     def _content_reason(self, row: MessageRow, selector: Selector) -> str | None:
+        if selector.tag is not None and (row.tag or "") != selector.tag:
+            return f"its tag is {_tag(row.tag)}, not {_tag(selector.tag)}"
         subject = row.subject
         if selector.subject is not None and subject != selector.subject:
             return f"subject is not {_quoted(selector.subject)}"
