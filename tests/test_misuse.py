@@ -187,8 +187,8 @@ def test_bad_marker_arguments_fail_at_setup_naming_field_and_allowed_values(
 # -- binding ----------------------------------------------------------------------------------
 
 EXPOSED = (
-    "*pytest-mailbox: the SMTP sink listens on 0.0.0.0 (mailbox_host), not on loopback: "
-    "other machines can connect and send mail into this run.*"
+    "*pytest-mailbox: the SMTP sink is set to listen on 0.0.0.0 (mailbox_host), not on "
+    "loopback: other machines can connect and send mail into this run.*"
 )
 
 
@@ -354,16 +354,20 @@ def test_the_sink_refuses_what_its_option_refuses(store: Store, name: str, value
     assert str(refused.value) == f"{name}={value!r} is invalid; allowed: {BAD[name][1]}"
 
 
-@pytest.mark.parametrize("domains", ["mailbox.test", ["a b"], ["x@mailbox.test"], [5], None])
+@pytest.mark.parametrize(
+    "domains", ["mailbox.test", ["a b"], ["x@mailbox.test"], [5], None, [], ()]
+)
 def test_the_sink_refuses_domains_that_are_not_a_list_of_domain_names(
     store: Store, domains: object
 ) -> None:
-    # A bare string was taken for its characters: the sink refused every recipient.
+    # A bare string was taken for its characters, and no domain was taken at all: the sink
+    # refused every recipient.
     with pytest.raises(ValueError, match="is invalid") as refused:
         MailSink(store, domains=domains)  # type: ignore[arg-type]
 
     assert str(refused.value) == (
-        f"domains={domains!r} is invalid; allowed: a list of domain names, such as ['mailbox.test']"
+        f"domains={domains!r} is invalid; allowed: a non-empty list of domain names, "
+        "such as ['mailbox.test']"
     )
     sink = MailSink(store, domains=("Bücher.Test.", "mailbox.test"), host="::1", idle_timeout=1)
     assert sink.domains == {"xn--bcher-kva.test", "mailbox.test"}

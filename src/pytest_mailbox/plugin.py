@@ -160,9 +160,9 @@ def _ini_value(config: pytest.Config, key: str) -> object:
 def _warn_exposed(config: pytest.Config, host: str) -> None:
     """A sink off loopback takes mail from other machines: say so, once, on the controller."""
     warning = ExposedSinkWarning(
-        f"pytest-mailbox: the SMTP sink listens on {host} (mailbox_host), not on loopback: "
-        "other machines can connect and send mail into this run. Keep 127.0.0.1 unless the "
-        "app under test runs elsewhere (a container); then acknowledge it with "
+        f"pytest-mailbox: the SMTP sink is set to listen on {host} (mailbox_host), not on "
+        "loopback: other machines can connect and send mail into this run. Keep 127.0.0.1 "
+        "unless the app under test runs elsewhere (a container); then acknowledge it with "
         "-W 'ignore::pytest_mailbox.ExposedSinkWarning'"
     )
     try:

@@ -559,13 +559,13 @@ for _verb in _HTTP_VERBS:  # methods named smtp_<VERB> are how aiosmtpd finds co
 
 def _domain_names(domains: object) -> frozenset[str]:
     """``MailSink(domains=)`` as host names (``ValueError`` otherwise): a bare string is
-    an iterable too, of its characters."""
+    an iterable too, of its characters, and no domain at all would refuse every RCPT."""
     names: set[str | None] = {None}
     if isinstance(domains, Iterable) and not isinstance(domains, str):
         names = {host_name(d) if isinstance(d, str) else None for d in domains}
-    if None in names:
+    if None in names or not names:
         msg = (
-            f"domains={domains!r} is invalid; allowed: a list of domain names, "
+            f"domains={domains!r} is invalid; allowed: a non-empty list of domain names, "
             "such as ['mailbox.test']"
         )
         raise ValueError(msg)
