@@ -318,7 +318,8 @@ def test_only_a_test_that_passed_consumes_what_it_claimed(
     }
 
 
-def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester, workers: str) -> None:
     pytester.makepyfile(
         """
         import pytest
@@ -330,12 +331,32 @@ def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester) -> 
                 isolated_mailbox.expect_none(within=30)
             assert info.value.status.value == "expired"
             assert info.value.result["mailbox_id"] == isolated_mailbox.mailbox_id
+
+        def test_quick(isolated_mailbox):
+            pass
+
+        @pytest.mark.email_contract(ttl=1, lease=1)
+        def test_slow_and_failing(isolated_mailbox):
+            with pytest.raises(MailboxClosed):
+                isolated_mailbox.expect_none(within=30)
+            assert False, "its report says it"
         """
     )
-    result = pytester.runpytest("--junitxml=junit.xml")
-    result.assert_outcomes(passed=1)
-    ((_, (receipt,)),) = _junit_cases(pytester.path / "junit.xml").values()
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+    result.assert_outcomes(passed=2, failed=1)
+    cases = _junit_cases(pytester.path / "junit.xml")
+    (receipt,) = cases["test_slow"][1]
     assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")
+    # A passing test whose mailbox expired is named at the end: only its receipt said it
+    # (a failing one's report shows its timeline already).
+    result.stdout.fnmatch_lines(
+        [
+            "mailbox: 1 passing test(s) outlived their mailbox's ttl, so nothing they claimed "
+            "could be acked at teardown (receipt: expired_timeout): "
+            "test_mailbox_that_outlives_its_ttl_is_expired.py::test_slow; give them a longer "
+            "ttl (email_contract(ttl=...) or mailbox_ttl)"
+        ]
+    )
 
 
 @pytest.mark.parametrize(

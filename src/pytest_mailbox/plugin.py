@@ -54,6 +54,7 @@ _attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's 
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _foreign_key = pytest.StashKey[str]()  # another run shares the store: said at the end
+_expired_key = pytest.StashKey["_ExpiredPasses"]()  # passing tests whose mailbox expired
 _run_key = pytest.StashKey[str]()  # the plugin's own id of this pytest run
 _RUN_INPUT = "pytest_mailbox_run"  # its key in an xdist worker's workerinput
 _testrun_key = pytest.StashKey[str]()
@@ -133,6 +134,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_HtmlReceipts(), "mailbox-html")
     if _is_controller(config):
         config.pluginmanager.register(_CrashReceipts(config), "mailbox-crashes")
+    if not _is_worker(config):
+        config.stash[_expired_key] = expired = _ExpiredPasses()
+        config.pluginmanager.register(expired, "mailbox-expired-passes")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -978,6 +982,9 @@ def pytest_terminal_summary(
     counts = config.stash.get(_stats_key, None)
     if counts is not None:
         terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    expired = config.stash.get(_expired_key, None)
+    if expired is not None and expired.nodeids:
+        terminalreporter.write_line(expired.summary(), yellow=True)
     foreign = config.stash.get(_foreign_key, None)
     if foreign is not None:
         terminalreporter.write_line(foreign, yellow=True)
@@ -1008,6 +1015,40 @@ def _full_receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]
     for value, _ in _receipts_of(report):
         if (receipt := parse_receipt(value)) is not None:
             yield value, receipt
+
+
+#: A receipt whose mailbox outlived its ttl: its top-level key, as ``_MAILBOX_ID`` reads one.
+_EXPIRED = re.compile(r'"close_reason":"expired_timeout"')
+
+
+class _ExpiredPasses:
+    """The tests that passed with a mailbox that outlived its ttl: their teardown could not
+    ack what they claimed, and nothing but the receipt said so."""
+
+    SHOWN = 5  # test ids named in the summary; the rest are counted
+
+    def __init__(self) -> None:
+        self.passed: set[str] = set()  # this run's tests whose call passed
+        self.nodeids: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and report.passed:
+            self.passed.add(report.nodeid)
+        elif report.when == "teardown" and report.nodeid in self.passed:
+            self.passed.discard(report.nodeid)
+            if any(_EXPIRED.search(value) for value, _ in _receipts_of(report)):
+                self.nodeids.append(report.nodeid)
+
+    def summary(self) -> str:
+        shown = ", ".join(self.nodeids[: self.SHOWN])
+        more = len(self.nodeids) - self.SHOWN
+        return (
+            f"mailbox: {len(self.nodeids)} passing test(s) outlived their mailbox's ttl, so "
+            "nothing they claimed could be acked at teardown (receipt: expired_timeout): "
+            + shown
+            + (f" and {more} more" if more > 0 else "")
+            + "; give them a longer ttl (email_contract(ttl=...) or mailbox_ttl)"
+        )
 
 
 class _HtmlReceipts:
