@@ -2372,3 +2372,167 @@ def test_what_a_toolset_remembers_of_a_message_is_kept_per_kind(
     )
     poll = {"do": "poll", "tool": "wait_for_message", "poll_after_ms": 500}
     assert for_code["next_action"] == poll
+
+
+# -- found by a mutation audit: decisions no other test pinned -----------------------------------
+
+
+@pytest.mark.email_contract(purpose="signup", max_reads=10, lease=30)
+def test_a_fence_is_proof_for_its_own_message_only(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """The fence of this toolset's claim of one message does not let it ack another, which
+    the test holds: refused before the store is asked, as any fence it was not given."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    app.signup(isolated_mailbox.address)
+    first, second = (row.message_id for row in mailbox_store.messages(own))
+    mine = tools.call("claim_message", {"fixture_id": own, "selector": {"message_id": first}})
+    assert mine["status"] == "claimed"
+    held = isolated_mailbox.claim(second)  # the test holds the other one
+    before = untouched(mailbox_store, isolated_mailbox)
+
+    ack = {"fixture_id": own, "message_id": second, "fence": mine["fence"]}
+    assert tools.call("ack_message", ack) == not_issued(own)
+
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert trail(isolated_mailbox)[-1] == ("ack_message", ["proposed", "rejected"], "policy_denied")
+    held.ack()
+    assert mailbox_store.message(second).state == "consumed"  # type: ignore[union-attr]
+
+
+def test_leases_are_told_to_the_agent_in_milliseconds_and_capped_at_a_minute(
+    clocked: tuple[Store, Clock, MailSink],
+) -> None:
+    """A claim's ``lease_ms`` and the poll hint of a claim another holder has leased are
+    the store's times in milliseconds, the hint at most 60 s however long that lease."""
+    store, clock, sink = clocked
+    contract = EmailContract(purpose="signup", ttl=600, lease=10, link_domains=(APP,), max_reads=9)
+    mailbox = Mailbox.reserve(store, contract=contract, domain=DOMAIN, signal=sink.signal)
+    own = mailbox.mailbox_id
+    tools = mailbox.agent_tools()
+    other = AgentTools.attach(store, own, mailbox.fence)  # another toolset: an MCP server's
+    app = SignupApp(sink.host, sink.port)
+    app.signup(mailbox.address)
+    app.signup(mailbox.address)
+    first, second = (row.message_id for row in store.messages(own))
+
+    def claim(toolset: AgentTools, message_id: str, lease: float | None) -> dict[str, Any]:
+        selector = {"message_id": message_id}
+        return toolset.call(
+            "claim_message", {"fixture_id": own, "selector": selector, "lease": lease}
+        )
+
+    claimed = claim(tools, first, 4)
+    assert (claimed["status"], claimed["lease_ms"]) == ("claimed", 4000)
+    clock.now += 1.5
+    theirs = claim(other, first, None)
+    assert (theirs["status"], theirs["next_action"]) == (
+        "already_claimed",
+        {"do": "poll", "tool": "claim_message", "poll_after_ms": 2500},
+    )
+    # the test holds the second message for five minutes: poll in a minute, not in five
+    store.claim(
+        mailbox_id=own,
+        mailbox_fence=mailbox.fence,
+        message_id=second,
+        holder=mailbox.run_id,
+        lease=300,
+    )
+    held = claim(tools, second, None)
+    assert (held["status"], held["next_action"]) == (
+        "already_claimed",
+        {"do": "poll", "tool": "claim_message", "poll_after_ms": 60_000},
+    )
+
+
+@pytest.mark.email_contract(purpose="signup", mode="dry-run")
+def test_a_harness_failure_in_a_dry_run_is_answered_as_a_dry_run(
+    isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every answer of a dry run says so, a provider_error too: the agent must not take it
+    for a failure of a live call."""
+    tools = isolated_mailbox.agent_tools()
+
+    def unreadable() -> None:
+        msg = "the store failed under the read"
+        raise StoreError(msg)
+
+    monkeypatch.setattr(isolated_mailbox, "_digests", unreadable)
+    answer = tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})
+
+    assert answer == {
+        "status": "provider_error",
+        "reason": "the harness failed (StoreError); it decides what happens next",
+        "fixture_id": isolated_mailbox.mailbox_id,
+        "dry_run": True,
+        "next_action": {"do": "stop"},
+    }
+
+
+@pytest.mark.email_contract(purpose="signup", max_reads=10)
+def test_evidence_read_after_the_test_extracted_a_code_masks_it_in_every_text(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A call journaled before the test extracted the code the agent echoed: the evidence
+    read afterwards (the receipt's) masks it in the entry's reason too, not only its tool."""
+    tools = isolated_mailbox.agent_tools()
+    tools.call("QXKZTRWB", {}, tool_call_id="QXKZTRWB")  # the agent had it from elsewhere
+
+    code = _extract_a_letters_code(isolated_mailbox, app)
+
+    assert code == "QXKZTRWB"
+    (entry,) = tools.evidence()
+    assert (entry.tool, entry.tool_call_id) == ("••••••WB", "••••••WB")
+    assert entry.reason == f"there is no tool '••••••WB'; the tools are {TOOLS}"
+    assert code not in dump_receipt(isolated_mailbox.receipt())
+
+
+def test_a_code_of_eight_digits_with_leading_zeros_echoed_as_a_number_is_masked(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """The longest code a number is tried as, with its zeros written back, is eight digits."""
+    tools = isolated_mailbox.agent_tools()
+    app.send(isolated_mailbox.address, "Your code", "Your code is 00482139.\n")
+    assert isolated_mailbox.wait_for(timeout=10).code() == "00482139"
+    ack = {"fixture_id": isolated_mailbox.mailbox_id, "message_id": "m-000000000000"}
+
+    tools.call("ack_message", {**ack, "fence": 482139})
+
+    assert "482139" not in journal_text(isolated_mailbox)
+    (entry,) = tools.evidence()
+    assert entry.arguments["fence"] == "••••39"
+
+
+@SIGNUP
+def test_a_reserve_decided_while_another_process_released_the_mailbox_answers_released(
+    isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mailbox is released (by the test, an MCP server) after the call found it open
+    and before its adapter ran: the answer is the terminal one, not ``reserved``."""
+    tools = isolated_mailbox.agent_tools()
+    unleaked = isolated_mailbox._unleaked
+    released: list[str] = []
+
+    def release_first(text: str, recorded: Any = None) -> str:
+        # the call's first masked text is its evidence entry, journaled after the policy
+        if not released:
+            released.append(text)
+            isolated_mailbox.release()
+        return unleaked(text, recorded)
+
+    monkeypatch.setattr(isolated_mailbox, "_unleaked", release_first)
+    answer = tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})
+
+    assert released
+    assert stable(answer) == {
+        "status": "released",
+        "reason": "the mailbox is released: terminal, the harness decides what comes next",
+        "fixture_id": isolated_mailbox.mailbox_id,
+        "attempt": 1,
+        "next_action": {"do": "stop"},
+    }
+    assert trail(isolated_mailbox) == [
+        ("reserve_mailbox", ["proposed", "allowed", "refused"], "released")
+    ]
