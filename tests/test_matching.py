@@ -29,7 +29,14 @@ from pytest_mailbox import (
     UnexpectedMessage,
     WaitTimeout,
 )
-from pytest_mailbox.contract import Checkpoint, Status, dump_receipt, utc
+from pytest_mailbox.contract import (
+    SELECTOR_FIELDS,
+    Checkpoint,
+    Selector,
+    Status,
+    dump_receipt,
+    utc,
+)
 from pytest_mailbox.mailbox import POLL_FIRST, POLL_INTERVAL
 from pytest_mailbox.message import Message
 from pytest_mailbox.sink import Signal
@@ -247,8 +254,9 @@ def test_a_plus_tag_tells_a_second_address_of_the_test_from_its_own(
 
     with pytest.raises(AmbiguousMatch):
         isolated_mailbox.wait_for(subject="You invited a friend", timeout=10)
-    theirs = isolated_mailbox.wait_for(subject="You invited a friend", tag="FRIEND", timeout=10)
+    # tag="" first, while both are there: it takes mail to the alias alone, not any tag
     mine = isolated_mailbox.wait_for(subject="You invited a friend", tag="", timeout=10)
+    theirs = isolated_mailbox.wait_for(subject="You invited a friend", tag="FRIEND", timeout=10)
 
     assert theirs.envelope_to == friend
     assert mine.envelope_to == isolated_mailbox.address
@@ -267,6 +275,37 @@ def test_a_wait_for_another_tag_times_out_saying_each_message_s_tag(
     assert "matched subject='Welcome', tag='colleague' within" in text
     assert "'Welcome': its tag is none (sent to the alias alone), not 'colleague'" in text
     assert "'Welcome': its tag is 'friend', not 'colleague'" in text
+
+
+def test_a_tag_that_looks_like_a_token_is_masked_as_an_address_s_is(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # A reply-by-mail style tag: its address is masked (mask_address) wherever it shows,
+    # and so is the tag alone in a near miss, the selector's description and the timeline.
+    secrets = ["reply-3f9a1c07be52d8e4", "a1b2c3d4"]
+    for tag in secrets:
+        send(mailbox_server, mail(isolated_mailbox.tagged(tag)))
+
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(tag="reply-3f9a1c07be52d8e5", timeout=SHORT)
+
+    text = str(caught.value)
+    timeline = isolated_mailbox.receipt().timeline()
+    assert "its tag is '••••••••••••••••••••e4', not '••••••••••••••••••••e5'" in text
+    assert "its tag is '••••••d4', not " in text
+    for secret in [*secrets, "reply-3f9a1c07be52d8e5"]:
+        assert secret not in text
+        assert secret not in timeline
+
+
+@pytest.mark.parametrize("tag", ["friend.", "a..b"])
+def test_tagged_refuses_a_tag_that_would_make_no_address(
+    isolated_mailbox: Mailbox, tag: str
+) -> None:
+    # alias+friend.@domain is no dot-atom: Django's validate_email and email-validator
+    # refuse it, so the app under test would never send there.
+    with pytest.raises(ContractError, match=r"^tagged: tag=.* is invalid; allowed: .*'\.\.'"):
+        isolated_mailbox.tagged(tag)
 
 
 @pytest.mark.parametrize("tag", ["a b", "friend@x", "", "x" * 65, 7])
@@ -676,6 +715,11 @@ def test_invalid_selector_raises_contract_error_naming_the_field(
     assert caught.value.result["status"] == "policy_denied"
     with pytest.raises(ContractError, match=f"selector: .*{field}"):
         isolated_mailbox.expect_none(within=SHORT, **selector)
+
+
+def test_every_selector_field_is_described_for_its_refusals() -> None:
+    # the list a refusal names, and what each field allows: one per field, in its order
+    assert list(SELECTOR_FIELDS) == list(Selector.model_fields)
 
 
 def test_unknown_selector_field_lists_the_allowed_fields(isolated_mailbox: Mailbox) -> None:

@@ -340,10 +340,28 @@ def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester, wor
             with pytest.raises(MailboxClosed):
                 isolated_mailbox.expect_none(within=30)
             assert False, "its report says it"
+
+        @pytest.mark.email_contract(ttl=1, lease=1)
+        def test_slow_failing_after_a_passed_subtest(isolated_mailbox, subtests):
+            with subtests.test("passes"):
+                pass
+            with pytest.raises(MailboxClosed):
+                isolated_mailbox.expect_none(within=30)
+            assert False, "its report says it"
+
+        @pytest.fixture
+        def broken_teardown():
+            yield
+            raise RuntimeError("its report says it")
+
+        @pytest.mark.email_contract(ttl=1, lease=1)
+        def test_slow_with_a_failing_teardown(broken_teardown, isolated_mailbox):
+            with pytest.raises(MailboxClosed):
+                isolated_mailbox.expect_none(within=30)
         """
     )
     result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=3, failed=2, errors=1)
     cases = _junit_cases(pytester.path / "junit.xml")
     (receipt,) = cases["test_slow"][1]
     assert (receipt.state, receipt.close_reason) == ("expired", "expired_timeout")

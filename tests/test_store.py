@@ -135,10 +135,14 @@ def test_a_new_store_file_its_log_and_the_agents_journal_are_its_owner_s_alone(
         # a file that was there keeps its mode: the user chose it
         (tmp_path / "old.sqlite3").touch(mode=0o640)
         Store(tmp_path / "old.sqlite3").close()
+        # a link to no file yet: SQLite would make its target with the umask's mode
+        (tmp_path / "link.sqlite3").symlink_to(tmp_path / "target.sqlite3")
+        Store(tmp_path / "link.sqlite3").close()
     finally:
         os.umask(before)
 
     assert modes == dict.fromkeys(modes, 0o600)
+    assert (tmp_path / "target.sqlite3").stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "old.sqlite3").stat().st_mode & 0o777 == 0o640
 
 

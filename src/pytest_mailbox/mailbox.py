@@ -60,6 +60,7 @@ from pytest_mailbox.message import (
     mask_extracted,
     mask_recorded,
     mask_subject,
+    mask_tag,
     remember_extracted,
 )
 from pytest_mailbox.settings import argument
@@ -140,7 +141,10 @@ def _domain(domain: str) -> str:
 
 def _describe(selector: Selector) -> str:
     """The selector as errors and the timeline show it: digit runs and extracted secrets
-    masked, as in subjects (a test may look for a code it was given)."""
+    masked, as in subjects (a test may look for a code it was given); a tag as an address
+    shows it (``mask_address``)."""
+    if selector.tag:
+        selector = selector.model_copy(update={"tag": mask_tag(selector.tag)})
     return selector.describe(mask_copied)
 
 
@@ -151,8 +155,9 @@ def _quoted(value: str) -> str:
 
 
 def _tag(tag: str | None) -> str:
-    """A plus-tag in a near-miss reason: quoted and masked, or said to be none."""
-    return _quoted(tag) if tag else "none (sent to the alias alone)"
+    """A plus-tag in a near-miss reason: quoted and masked as an address's tag is (a
+    reply-by-mail token), or said to be none."""
+    return _quoted(mask_tag(tag)) if tag else "none (sent to the alias alone)"
 
 
 def _similar(alias: str, mine: str) -> bool:
@@ -355,6 +360,8 @@ class Mailbox:
         (a second address for one test, as an invitation to a friend needs)."""
         __tracebackhide__ = True
         problem = tag_problem(tag)
+        if problem is None and (tag.endswith(".") or ".." in tag):  # before '@', or twice
+            problem = "a plus-tag that does not end in '.' or hold '..' (no address would)"
         if problem is not None:
             msg = f"tagged: tag={shown(tag)} is invalid; allowed: {problem}"
             raise ContractError(msg)

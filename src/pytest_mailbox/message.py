@@ -337,14 +337,23 @@ def mask_address(address: str) -> str:
     ``reply+Kx7pQ2mZr9TbW4nYv8Ls@app.example.test``) masked, then ``mask_secrets``."""
     local, at, domain = address.rpartition("@")
     if at:
-        pieces = local.split("+")
-        local = "+".join(
-            _keep_length(piece)
-            if _is_token(piece) or (n and (_secret_like(piece) or _MIXED_CODE.fullmatch(piece)))
-            else piece
-            for n, piece in enumerate(pieces)
-        )
+        alias, plus, tag = local.partition("+")
+        local = (_keep_length(alias) if _is_token(alias) else alias) + plus + _masked_tag(tag)
     return mask_secrets(f"{local}{at}{domain}")
+
+
+def mask_tag(tag: str) -> str:
+    """A plus-tag (``alias+tag@domain``) as ``mask_address`` shows it in an address."""
+    return mask_secrets(_masked_tag(tag))
+
+
+def _masked_tag(tag: str) -> str:
+    return "+".join(
+        _keep_length(piece)
+        if _is_token(piece) or _secret_like(piece) or _MIXED_CODE.fullmatch(piece)
+        else piece
+        for piece in tag.split("+")
+    )
 
 
 def mask_copied(text: str) -> str:

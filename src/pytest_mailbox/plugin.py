@@ -1032,11 +1032,21 @@ class _ExpiredPasses:
         self.nodeids: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" and report.passed:
-            self.passed.add(report.nodeid)
+        if type(report) is not pytest.TestReport:  # a subtest's: the test's own call decides
+            return
+        if report.when == "call":  # a failed call after a passed attempt (a rerun) too
+            if report.passed:
+                self.passed.add(report.nodeid)
+            else:
+                self.passed.discard(report.nodeid)
         elif report.when == "teardown" and report.nodeid in self.passed:
             self.passed.discard(report.nodeid)
-            if any(_EXPIRED.search(value) for value, _ in _receipts_of(report)):
+            # A failed teardown (or its rerun) is no pass, and its report shows the timeline.
+            if (
+                report.passed
+                and report.nodeid not in self.nodeids
+                and any(_EXPIRED.search(value) for value, _ in _receipts_of(report))
+            ):
                 self.nodeids.append(report.nodeid)
 
     def summary(self) -> str:

@@ -1504,9 +1504,9 @@ class _Checkpointer:
 def owner_only(path: Path) -> None:
     """Create ``path`` readable and writable by its owner alone (``0600``, whatever the
     umask), for SQLite to open: it makes the file's log and shared-memory files with the
-    file's mode. A file that exists keeps the mode it has (its user chose it)."""
-    with suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    file's mode. A file that exists keeps the mode it has (its user chose it); a link to
+    none makes its target so."""
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
 
 
 def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
