@@ -108,6 +108,45 @@ def test_a_test_cut_short_gives_back_what_it_claimed(
     result.stdout.no_fnmatch_line("*mailbox:*1 consumed*")
 
 
+CONTROLLER_INTERRUPTED_SUITE = """
+import os
+import signal
+
+import pytest
+from pytest_mailbox import MailboxClosed
+
+
+def test_interrupts_the_controller_alone(isolated_mailbox):
+    os.kill(os.getppid(), signal.SIGINT)  # the worker's parent: xdist's controller
+    # Until the run's end closes the mailbox, or the worker is stopped.
+    with pytest.raises(MailboxClosed):
+        isolated_mailbox.expect_none(within=120)
+
+
+def test_after_it(isolated_mailbox):
+    pass
+"""
+
+
+def test_an_interrupt_of_the_controller_alone_stops_the_workers_before_the_bookkeeping(
+    pytester: pytest.Pytester,
+) -> None:
+    # Its loop ended, and the run's end closed the mailboxes while the worker went on:
+    # its next test reserved a mailbox that the summary did not count, and no report
+    # carried its receipt.
+    pytester.makepyfile(CONTROLLER_INTERRUPTED_SUITE)
+    basetemp = pytester.path / "basetemp"
+
+    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
+
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")  # the first test's, its worker stopped in it
+        ]
+    result.stdout.fnmatch_lines(["mailbox: 1 reserved, *"])
+
+
 SECOND_RUN_SUITE = """
 from pathlib import Path
 

@@ -291,12 +291,14 @@ def _needed_tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Every test is over: stop the fixed-port sink; close what this run left open (a
     crashed worker's mailboxes: ``orphaned``, then ``released_error``, or ``expired``).
     First: pytest's tmpdir plugin may remove the basetemp, store included, in its own
     (``tmp_path_retention_policy = "failed"`` after a run that passed)."""
     config = session.config
+    if exitstatus == pytest.ExitCode.INTERRUPTED and _is_controller(config):
+        _stop_workers(config)
     sink = config.stash.get(_fixed_sink_key, None)
     if sink is not None:
         sink.stop()
@@ -325,6 +327,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             )
     finally:
         store.close()
+
+
+def _stop_workers(config: pytest.Config) -> None:
+    """An interrupt that reached the controller alone (``kill -INT`` of its pid, an IDE's
+    stop button; Ctrl-C reaches every process of the group) ends its loop while the workers
+    still run their tests: they are ended first, as xdist's own session end would end them
+    after this hook (each is asked, then killed after xdist's timeout), so that none
+    reserves a mailbox, or sends mail to the fixed port, after the run's bookkeeping.
+    xdist's own call is then a no-op."""
+    nodemanager = getattr(config.pluginmanager.getplugin("dsession"), "nodemanager", None)
+    if nodemanager is not None:
+        nodemanager.teardown_nodes()
 
 
 @pytest.hookimpl(optionalhook=True)
