@@ -190,6 +190,46 @@ def test_the_end_of_a_run_closes_only_its_own_mailboxes(
     result.stdout.no_fnmatch_line("mailbox: 2 reserved*")
 
 
+REPLACED_STORE_SUITE = """
+from pathlib import Path
+
+from pytest_mailbox import EmailContract, Mailbox
+from pytest_mailbox.store import Store
+
+
+def test_its_store_is_replaced(isolated_mailbox, mailbox_store):
+    # A second run, started later with the same --basetemp, emptied it and made its own.
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        Path(f"{mailbox_store.path}{suffix}").unlink(missing_ok=True)
+    second = Store(mailbox_store.path, testrun="the-second-run")
+    Mailbox.reserve(second, contract=EmailContract(purpose="second"), domain="mailbox.test")
+    second.close()
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_whose_store_another_run_replaced_does_not_count_the_other_s(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # It said "mailbox: 0 reserved, ...", and that it counted only its own mailboxes.
+    pytester.makepyfile(REPLACED_STORE_SUITE)
+    basetemp = pytester.path / "basetemp"
+
+    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"mailbox: {basetemp / STORE_NAME} holds 0 of the 1 mailboxes this run's reports "
+            "name: another pytest run given the same --basetemp replaced it, so this run's "
+            "mailboxes are not counted (their receipts, in the reports, are whole): give "
+            "each run its own --basetemp"
+        ]
+    )
+    result.stdout.no_fnmatch_line("mailbox: 0 reserved*")
+    result.stdout.no_fnmatch_line("*another pytest run shares*")
+
+
 def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None:
     with _store(pytester) as db:
         assert db.execute("SELECT COUNT(*) FROM messages WHERE state = 'consumed'").fetchone() == (

@@ -54,7 +54,7 @@ _attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's 
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _foreign_key = pytest.StashKey[str]()  # another run shares the store: said at the end
-_expired_key = pytest.StashKey["_ExpiredPasses"]()  # passing tests whose mailbox expired
+_reported_key = pytest.StashKey["_Reported"]()  # what the reports said of the mailboxes
 _run_key = pytest.StashKey[str]()  # the plugin's own id of this pytest run
 _RUN_INPUT = "pytest_mailbox_run"  # its key in an xdist worker's workerinput
 _testrun_key = pytest.StashKey[str]()
@@ -135,8 +135,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if _is_controller(config):
         config.pluginmanager.register(_CrashReceipts(config), "mailbox-crashes")
     if not _is_worker(config):
-        config.stash[_expired_key] = expired = _ExpiredPasses()
-        config.pluginmanager.register(expired, "mailbox-expired-passes")
+        config.stash[_reported_key] = reported = _Reported()
+        config.pluginmanager.register(reported, "mailbox-reported")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -318,8 +318,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     try:
         store.close_orphans(testrun=run)
         store.reconcile()
-        config.stash[_stats_key] = store.stats(testrun=run)
-        if store.other_runs(run):
+        stats = store.stats(testrun=run)
+        reported = config.stash.get(_reported_key, None)
+        named = len(reported.mailboxes) if reported is not None else 0
+        if stats["reserved"] < named:  # another run emptied the basetemp: its rows are gone
+            config.stash[_foreign_key] = (
+                f"mailbox: {store.path} holds {stats['reserved']} of the {named} mailboxes "
+                "this run's reports name: another pytest run given the same --basetemp "
+                "replaced it, so this run's mailboxes are not counted (their receipts, in "
+                "the reports, are whole): give each run its own --basetemp"
+            )
+        else:
+            config.stash[_stats_key] = stats
+        if store.other_runs(run) and _foreign_key not in config.stash:
             config.stash[_foreign_key] = (
                 f"mailbox: another pytest run shares {store.path} (two runs were given one "
                 "--basetemp); this run closed and counted only its own mailboxes: give each "
@@ -996,9 +1007,9 @@ def pytest_terminal_summary(
     counts = config.stash.get(_stats_key, None)
     if counts is not None:
         terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
-    expired = config.stash.get(_expired_key, None)
-    if expired is not None and expired.nodeids:
-        terminalreporter.write_line(expired.summary(), yellow=True)
+    reported = config.stash.get(_reported_key, None)
+    if reported is not None and reported.expired:
+        terminalreporter.write_line(reported.expired_summary(), yellow=True)
     foreign = config.stash.get(_foreign_key, None)
     if foreign is not None:
         terminalreporter.write_line(foreign, yellow=True)
@@ -1035,19 +1046,24 @@ def _full_receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]
 _EXPIRED = re.compile(r'"close_reason":"expired_timeout"')
 
 
-class _ExpiredPasses:
-    """The tests that passed with a mailbox that outlived its ttl: their teardown could not
-    ack what they claimed, and nothing but the receipt said so."""
+class _Reported:
+    """What the reports said of the run's mailboxes: which mailboxes they name (so that a
+    store another run replaced is not counted as this run's), and the tests that passed
+    with a mailbox that outlived its ttl (their teardown could not ack what they claimed,
+    and nothing but the receipt said so)."""
 
     SHOWN = 5  # test ids named in the summary; the rest are counted
 
     def __init__(self) -> None:
+        self.mailboxes: set[str] = set()  # the ids of the receipts the reports carried
         self.passed: set[str] = set()  # this run's tests whose call passed
-        self.nodeids: list[str] = []
+        self.expired: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if type(report) is not pytest.TestReport:  # a subtest's: the test's own call decides
             return
+        if report.when in ("teardown", "???"):  # "???": xdist's report of a crash
+            self.mailboxes.update(mailbox_id for _, mailbox_id in _receipts_of(report))
         if report.when == "call":  # a failed call after a passed attempt (a rerun) too
             if report.passed:
                 self.passed.add(report.nodeid)
@@ -1058,16 +1074,16 @@ class _ExpiredPasses:
             # A failed teardown (or its rerun) is no pass, and its report shows the timeline.
             if (
                 report.passed
-                and report.nodeid not in self.nodeids
+                and report.nodeid not in self.expired
                 and any(_EXPIRED.search(value) for value, _ in _receipts_of(report))
             ):
-                self.nodeids.append(report.nodeid)
+                self.expired.append(report.nodeid)
 
-    def summary(self) -> str:
-        shown = ", ".join(self.nodeids[: self.SHOWN])
-        more = len(self.nodeids) - self.SHOWN
+    def expired_summary(self) -> str:
+        shown = ", ".join(self.expired[: self.SHOWN])
+        more = len(self.expired) - self.SHOWN
         return (
-            f"mailbox: {len(self.nodeids)} passing test(s) outlived their mailbox's ttl, so "
+            f"mailbox: {len(self.expired)} passing test(s) outlived their mailbox's ttl, so "
             "nothing they claimed could be acked at teardown (receipt: expired_timeout): "
             + shown
             + (f" and {more} more" if more > 0 else "")
