@@ -147,6 +147,98 @@ def test_an_interrupt_of_the_controller_alone_stops_the_workers_before_the_bookk
     result.stdout.fnmatch_lines(["mailbox: 1 reserved, *"])
 
 
+CONTROLLER_EXITS_CONFTEST = """
+import pytest
+
+CONFIGS = []
+
+
+def pytest_configure(config):
+    CONFIGS.append(config)
+
+
+def pytest_runtest_logreport(report):
+    # A plugin of the controller's that ends the run with an exit code of its own.
+    controller = not hasattr(CONFIGS[-1], "workerinput")
+    if controller and report.when == "setup" and report.nodeid.endswith("_exits"):
+        pytest.exit("the controller stops the run", returncode=1)
+"""
+
+CONTROLLER_EXITS_SUITE = """
+import pytest
+from pytest_mailbox import MailboxClosed
+
+
+def test_the_controller_exits(isolated_mailbox):
+    with pytest.raises(MailboxClosed):
+        isolated_mailbox.expect_none(within=120)
+
+
+def test_after_it(isolated_mailbox):
+    pass
+"""
+
+
+def test_a_controller_that_exits_with_a_code_of_its_own_stops_the_workers_first(
+    pytester: pytest.Pytester,
+) -> None:
+    # pytest.exit(returncode=1) is no INTERRUPTED: the worker went on, and its next test
+    # reserved a mailbox after the run's end had counted them.
+    pytester.makeconftest(CONTROLLER_EXITS_CONFTEST)
+    pytester.makepyfile(CONTROLLER_EXITS_SUITE)
+    basetemp = pytester.path / "basetemp"
+
+    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
+
+    assert result.ret == 1
+    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")  # the first test's, its worker stopped in it
+        ]
+    result.stdout.fnmatch_lines(["mailbox: 1 reserved, *"])
+
+
+TWICE_INTERRUPTED_SUITE = """
+import os
+import signal
+
+import pytest
+from pytest_mailbox import MailboxClosed
+
+
+def test_interrupts_the_controller_twice(isolated_mailbox):
+    os.kill(os.getppid(), signal.SIGINT)
+    try:
+        isolated_mailbox.expect_none(within=120)
+    except KeyboardInterrupt:
+        # execnet's own, while the controller waits for this worker to stop: interrupt
+        # that wait, then stay until the run's end closes the mailbox.
+        os.kill(os.getppid(), signal.SIGINT)
+        with pytest.raises(MailboxClosed):
+            isolated_mailbox.expect_none(within=120)
+        raise
+"""
+
+
+def test_a_second_interrupt_while_the_workers_stop_still_closes_the_mailboxes(
+    pytester: pytest.Pytester,
+) -> None:
+    # The second interrupt ended the run's end in the wait for the workers: nothing closed
+    # the mailbox but the worker's own teardown, and the run's summary was never made.
+    pytester.makepyfile(TWICE_INTERRUPTED_SUITE)
+    basetemp = pytester.path / "basetemp"
+
+    pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
+
+    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")
+        ]
+        assert db.execute("SELECT detail FROM events WHERE status = 'orphaned'").fetchall() == [
+            ("the run ended with the mailbox open",)
+        ]
+
+
 SECOND_RUN_SUITE = """
 from pathlib import Path
 

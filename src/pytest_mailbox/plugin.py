@@ -291,14 +291,22 @@ def _needed_tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """Every test is over: stop the fixed-port sink; close what this run left open (a
     crashed worker's mailboxes: ``orphaned``, then ``released_error``, or ``expired``).
     First: pytest's tmpdir plugin may remove the basetemp, store included, in its own
     (``tmp_path_retention_policy = "failed"`` after a run that passed)."""
     config = session.config
-    if exitstatus == pytest.ExitCode.INTERRUPTED and _is_controller(config):
-        _stop_workers(config)
+    try:
+        if _is_controller(config):
+            # Whatever ended the loop: an interrupt, pytest.exit(returncode=...) in a
+            # hook, an internal error. After a run that went to its end, they are down.
+            _stop_workers(config)
+    finally:  # a second interrupt while they stop: the bookkeeping still runs
+        _finish(config)
+
+
+def _finish(config: pytest.Config) -> None:
     sink = config.stash.get(_fixed_sink_key, None)
     if sink is not None:
         sink.stop()
@@ -341,12 +349,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _stop_workers(config: pytest.Config) -> None:
-    """An interrupt that reached the controller alone (``kill -INT`` of its pid, an IDE's
-    stop button; Ctrl-C reaches every process of the group) ends its loop while the workers
-    still run their tests: they are ended first, as xdist's own session end would end them
+    """The controller's loop can end while the workers still run their tests: an interrupt
+    that reached the controller alone (``kill -INT`` of its pid, an IDE's stop button;
+    Ctrl-C reaches every process of the group), a hook's ``pytest.exit(returncode=...)``,
+    an internal error. They are ended first, as xdist's own session end would end them
     after this hook (each is asked, then killed after xdist's timeout), so that none
     reserves a mailbox, or sends mail to the fixed port, after the run's bookkeeping.
-    xdist's own call is then a no-op."""
+    After a run that went to its end they are down already; xdist's own call is then a
+    no-op."""
     nodemanager = getattr(config.pluginmanager.getplugin("dsession"), "nodemanager", None)
     if nodemanager is not None:
         nodemanager.teardown_nodes()
