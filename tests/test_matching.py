@@ -223,6 +223,21 @@ def test_look_alike_alias_is_not_matched(
     ) in str(caught.value).splitlines()
 
 
+def test_a_look_alike_alias_s_token_like_tag_is_masked_in_a_timeout(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # A reply-by-mail token in the tag of a typo'd address, shown as an address shows it.
+    look_alike = f"x{isolated_mailbox.alias}+reply-3f9a1c07be52d8e4@{isolated_mailbox.domain}"
+    send(mailbox_server, mail(look_alike))
+
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=SHORT)
+
+    text = str(caught.value)
+    assert "3f9a1c07be52d8e4" not in text
+    assert f"envelope recipient x{isolated_mailbox.alias}+••••" in text
+
+
 def test_to_header_naming_us_with_another_envelope_recipient_is_not_matched(
     mailbox_server: MailSink,
     mailbox_store: Store,

@@ -160,6 +160,14 @@ def _tag(tag: str | None) -> str:
     return _quoted(mask_tag(tag)) if tag else "none (sent to the alias alone)"
 
 
+def _tag_masked(address: str) -> str:
+    """A look-alike's envelope recipient with its tag masked (a reply-by-mail token), its
+    alias as written: the typo is what a reader compares with the test's own alias."""
+    local, at, domain = address.rpartition("@")
+    alias, plus, tag = local.partition("+")
+    return f"{alias}{plus}{mask_tag(tag) if tag else ''}{at}{domain}"
+
+
 def _similar(alias: str, mine: str) -> bool:
     """A look-alike of this mailbox's alias: a typo, a prefix or suffix too many or few."""
     return mine in alias or alias in mine or SequenceMatcher(None, alias, mine).ratio() >= 0.8
@@ -899,7 +907,7 @@ class Mailbox:
         # At any domain the sink takes: the alias right, the domain another (a second entry
         # of mailbox_allowed_domains) is this test's mail sent to the wrong place.
         unrouted = [
-            (row, f"envelope recipient {row.rcpt} is not {self.address}")
+            (row, f"envelope recipient {_tag_masked(row.rcpt)} is not {self.address}")
             for row in self.store.unrouted(None, since=self._row.created_at)
             if _similar(row.alias, self.alias)
         ]
