@@ -277,6 +277,20 @@ def test_a_plus_tag_tells_a_second_address_of_the_test_from_its_own(
     assert mine.envelope_to == isolated_mailbox.address
 
 
+def test_tagged_keeps_the_local_part_within_64_octets(isolated_mailbox: Mailbox) -> None:
+    room = 64 - len(isolated_mailbox.alias) - 1
+
+    local = isolated_mailbox.tagged("t" * room).rpartition("@")[0]
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.tagged("t" * (room + 1))
+
+    assert len(local) == 64  # as long as RFC 5321 allows, and no longer
+    assert str(caught.value).endswith(
+        f"allowed: a plus-tag of at most {room} characters beside the alias "
+        f"{isolated_mailbox.alias}"
+    )
+
+
 def test_a_wait_for_another_tag_times_out_saying_each_message_s_tag(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

@@ -370,6 +370,9 @@ class Mailbox:
         problem = tag_problem(tag)
         if problem is None and (tag.endswith(".") or ".." in tag):  # before '@', or twice
             problem = "a plus-tag that does not end in '.' or hold '..' (no address would)"
+        room = 64 - len(self.alias) - 1  # RFC 5321: a local part of 64 octets at most
+        if problem is None and len(tag) > room:
+            problem = f"a plus-tag of at most {room} characters beside the alias {self.alias}"
         if problem is not None:
             msg = f"tagged: tag={shown(tag)} is invalid; allowed: {problem}"
             raise ContractError(msg)
