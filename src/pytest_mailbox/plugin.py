@@ -946,11 +946,6 @@ class _CrashReceipts:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.reported: set[str] = set()  # the mailbox ids of the receipts reports brought
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "teardown":
-            self.reported.update(mailbox_id for _, mailbox_id in _receipts_of(report))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(
@@ -968,6 +963,7 @@ class _CrashReceipts:
         from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415
         from pytest_mailbox.store import Store  # noqa: PLC0415
 
+        reported = config.stash[_reported_key].mailboxes  # the receipts reports brought
         store = Store(path)
         try:
             store.close_orphans(
@@ -981,7 +977,7 @@ class _CrashReceipts:
                 for mailbox_id in store.mailbox_ids(
                     owner=crashitem, worker=worker, testrun=config.stash[_run_key]
                 )
-                if mailbox_id not in self.reported
+                if mailbox_id not in reported
             ]
             contract = config.stash[_settings_key].contract
             mailboxes = [
@@ -1072,22 +1068,26 @@ class _Reported:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if type(report) is not pytest.TestReport:  # a subtest's: the test's own call decides
             return
-        if report.when in ("teardown", "???"):  # "???": xdist's report of a crash
-            self.mailboxes.update(mailbox_id for _, mailbox_id in _receipts_of(report))
         if report.when == "call":  # a failed call after a passed attempt (a rerun) too
             if report.passed:
                 self.passed.add(report.nodeid)
             else:
                 self.passed.discard(report.nodeid)
-        elif report.when == "teardown" and report.nodeid in self.passed:
-            self.passed.discard(report.nodeid)
-            # A failed teardown (or its rerun) is no pass, and its report shows the timeline.
-            if (
-                report.passed
-                and report.nodeid not in self.expired
-                and any(_EXPIRED.search(value) for value, _ in _receipts_of(report))
-            ):
-                self.expired.append(report.nodeid)
+            return
+        if report.when not in ("teardown", "???"):  # "???": xdist's report of a crash
+            return
+        receipts = list(_receipts_of(report))
+        self.mailboxes.update(mailbox_id for _, mailbox_id in receipts)
+        passed = report.nodeid in self.passed
+        self.passed.discard(report.nodeid)
+        # A failed teardown (or its rerun) is no pass, and its report shows the timeline.
+        if (
+            passed
+            and report.passed
+            and report.nodeid not in self.expired
+            and any(_EXPIRED.search(value) for value, _ in receipts)
+        ):
+            self.expired.append(report.nodeid)
 
     def expired_summary(self) -> str:
         shown = ", ".join(self.expired[: self.SHOWN])
