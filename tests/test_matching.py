@@ -762,15 +762,27 @@ def test_unknown_selector_field_lists_the_allowed_fields(isolated_mailbox: Mailb
     )
 
 
+def _blocking_or_awaited(
+    wait: str, blocking: Callable[..., Any], awaited: Callable[..., Any]
+) -> Callable[..., None]:
+    """The call itself (``wait="sync"``), or its async twin run to its end."""
+
+    def call(**given: Any) -> None:
+        if wait == "sync":
+            blocking(**given)
+        else:
+            asyncio.run(awaited(**given))
+
+    return call
+
+
 @pytest.mark.parametrize("wait", ["sync", "async"])
 def test_a_misspelt_argument_of_a_wait_is_told_the_wait_s_own(
     isolated_mailbox: Mailbox, wait: str
 ) -> None:
-    def wait_for(**given: Any) -> None:
-        if wait == "sync":
-            isolated_mailbox.wait_for(**given)
-        else:
-            asyncio.run(isolated_mailbox.wait_for_async(**given))
+    wait_for = _blocking_or_awaited(
+        wait, isolated_mailbox.wait_for, isolated_mailbox.wait_for_async
+    )
 
     # timout= went into the selector, whose refusal listed the fields but not timeout
     with pytest.raises(ContractError) as caught:
@@ -784,11 +796,9 @@ def test_a_misspelt_argument_of_a_wait_is_told_the_wait_s_own(
 def test_expect_none_given_timeout_or_nothing_says_within(
     isolated_mailbox: Mailbox, wait: str
 ) -> None:
-    def expect_none(**given: Any) -> None:
-        if wait == "sync":
-            isolated_mailbox.expect_none(**given)
-        else:
-            asyncio.run(isolated_mailbox.expect_none_async(**given))
+    expect_none = _blocking_or_awaited(
+        wait, isolated_mailbox.expect_none, isolated_mailbox.expect_none_async
+    )
 
     # timeout=, as wait_for takes it: a bare TypeError about 'within' before
     with pytest.raises(ContractError) as caught:

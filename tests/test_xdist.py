@@ -108,45 +108,6 @@ def test_a_test_cut_short_gives_back_what_it_claimed(
     result.stdout.no_fnmatch_line("*mailbox:*1 consumed*")
 
 
-CONTROLLER_INTERRUPTED_SUITE = """
-import os
-import signal
-
-import pytest
-from pytest_mailbox import MailboxClosed
-
-
-def test_interrupts_the_controller_alone(isolated_mailbox):
-    os.kill(os.getppid(), signal.SIGINT)  # the worker's parent: xdist's controller
-    # Until the run's end closes the mailbox, or the worker is stopped.
-    with pytest.raises(MailboxClosed):
-        isolated_mailbox.expect_none(within=120)
-
-
-def test_after_it(isolated_mailbox):
-    pass
-"""
-
-
-def test_an_interrupt_of_the_controller_alone_stops_the_workers_before_the_bookkeeping(
-    pytester: pytest.Pytester,
-) -> None:
-    # Its loop ended, and the run's end closed the mailboxes while the worker went on:
-    # its next test reserved a mailbox that the summary did not count, and no report
-    # carried its receipt.
-    pytester.makepyfile(CONTROLLER_INTERRUPTED_SUITE)
-    basetemp = pytester.path / "basetemp"
-
-    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
-
-    assert result.ret == pytest.ExitCode.INTERRUPTED
-    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
-        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
-            ("released", "released_error")  # the first test's, its worker stopped in it
-        ]
-    result.stdout.fnmatch_lines(["mailbox: 1 reserved, *"])
-
-
 CONTROLLER_EXITS_CONFTEST = """
 import pytest
 
@@ -160,16 +121,21 @@ def pytest_configure(config):
 def pytest_runtest_logreport(report):
     # A plugin of the controller's that ends the run with an exit code of its own.
     controller = not hasattr(CONFIGS[-1], "workerinput")
-    if controller and report.when == "setup" and report.nodeid.endswith("_exits"):
+    if controller and report.when == "setup" and report.nodeid.endswith("_stops"):
         pytest.exit("the controller stops the run", returncode=1)
 """
 
-CONTROLLER_EXITS_SUITE = """
+CONTROLLER_STOPS_SUITE = """
+import os
+import signal
+
 import pytest
 from pytest_mailbox import MailboxClosed
 
 
-def test_the_controller_exits(isolated_mailbox):
+def test_the_controller_stops(isolated_mailbox):
+    {stop}
+    # Until the run's end closes the mailbox, or the worker is stopped.
     with pytest.raises(MailboxClosed):
         isolated_mailbox.expect_none(within=120)
 
@@ -179,18 +145,32 @@ def test_after_it(isolated_mailbox):
 """
 
 
-def test_a_controller_that_exits_with_a_code_of_its_own_stops_the_workers_first(
-    pytester: pytest.Pytester,
+@pytest.mark.parametrize(
+    ("stop", "conftest", "code"),
+    [
+        pytest.param(
+            "os.kill(os.getppid(), signal.SIGINT)  # the worker's parent: xdist's controller",
+            "",
+            pytest.ExitCode.INTERRUPTED,
+            id="interrupted-alone",
+        ),
+        # pytest.exit(returncode=1) is no INTERRUPTED: the worker went on as well.
+        pytest.param("pass", CONTROLLER_EXITS_CONFTEST, 1, id="exits-with-a-code"),
+    ],
+)
+def test_a_controller_that_stops_early_stops_the_workers_before_the_bookkeeping(
+    pytester: pytest.Pytester, stop: str, conftest: str, code: int
 ) -> None:
-    # pytest.exit(returncode=1) is no INTERRUPTED: the worker went on, and its next test
-    # reserved a mailbox after the run's end had counted them.
-    pytester.makeconftest(CONTROLLER_EXITS_CONFTEST)
-    pytester.makepyfile(CONTROLLER_EXITS_SUITE)
+    # Its loop ended, and the run's end closed the mailboxes while the worker went on:
+    # its next test reserved a mailbox that the summary did not count, and no report
+    # carried its receipt.
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(CONTROLLER_STOPS_SUITE.format(stop=stop))
     basetemp = pytester.path / "basetemp"
 
     result = pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
 
-    assert result.ret == 1
+    assert result.ret == code
     with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
         assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
             ("released", "released_error")  # the first test's, its worker stopped in it
