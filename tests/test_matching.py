@@ -275,6 +275,20 @@ def test_a_plus_tag_tells_a_second_address_of_the_test_from_its_own(
 
     assert theirs.envelope_to == friend
     assert mine.envelope_to == isolated_mailbox.address
+    # and the receipt says which address each message came to
+    assert [m.tag for m in isolated_mailbox.receipt().messages] == [None, "friend"]
+
+
+def test_mail_to_an_empty_tag_counts_as_mail_to_the_alias_alone(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    empty = f"{isolated_mailbox.alias}+@{isolated_mailbox.domain}"
+    send(mailbox_server, mail(empty))
+
+    got = isolated_mailbox.wait_for(subject="Welcome", tag="", timeout=10)
+
+    assert got.envelope_to == empty
+    assert [m.tag for m in isolated_mailbox.receipt().messages] == [None]
 
 
 def test_tagged_keeps_the_local_part_within_64_octets(isolated_mailbox: Mailbox) -> None:
@@ -319,9 +333,11 @@ def test_a_tag_that_looks_like_a_token_is_masked_as_an_address_s_is(
         isolated_mailbox.wait_for(tag="reply-3f9a1c07be52d8e5", timeout=SHORT)
 
     text = str(caught.value)
-    timeline = isolated_mailbox.receipt().timeline()
+    receipt = isolated_mailbox.receipt()
+    timeline = receipt.timeline()
     assert "its tag is '••••••••••••••••••••e4', not '••••••••••••••••••••e5'" in text
     assert "its tag is '••••••d4', not " in text
+    assert [m.tag for m in receipt.messages] == ["••••••••••••••••••••e4", "••••••d4"]
     for secret in [*secrets, "reply-3f9a1c07be52d8e5"]:
         assert secret not in text
         assert secret not in timeline

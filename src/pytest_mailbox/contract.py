@@ -953,6 +953,9 @@ class MessageReceipt(BaseModel):
     message_id: str
     received_at: datetime
     subject: str
+    #: The envelope recipient's plus-tag (``friend`` for ``alias+friend@domain``, masked as
+    #: an address's tag is when it looks like a token); None for mail to the alias alone.
+    tag: str | None = None
     state: str
     fence: int | None = None
     claimed_at: datetime | None = None

@@ -1103,6 +1103,7 @@ class Mailbox:
                 message_id=m.message_id,
                 received_at=utc(m.received_at),
                 subject=mask_subject(m.subject, digests, extracted),
+                tag=mask_subject(mask_tag(m.tag), digests, extracted) if m.tag else None,
                 state=m.state,
                 fence=m.fence,
                 claimed_at=utc(m.claimed_at) if m.claimed_at else None,
