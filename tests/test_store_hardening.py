@@ -703,6 +703,35 @@ def test_an_interrupt_inside_a_write_rolls_it_back_and_passes_through(tmp_path: 
     store.close()
 
 
+def test_a_second_store_of_the_file_in_one_process_keeps_the_first_s_writes_shared(
+    store: Store, mailbox: MailboxRow
+) -> None:
+    """Opening the file again in the process that has it open (an MCP server's ``main`` in
+    a test, a fixture's own ``Store``) closed a descriptor of it to set its mode, which drops
+    every POSIX lock the process holds on the file: the next process to close its last
+    connection took the first store for gone and deleted the log, and what the first store
+    wrote after that went to a deleted log no other process would ever read."""
+    Store(store.path).close()
+    read = (
+        "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchall())"
+    )
+    query = "SELECT mailbox_id FROM mailboxes ORDER BY mailbox_id"
+
+    def another_process_reads() -> str:  # opens the file, reads, closes its connection
+        return subprocess.run(
+            [sys.executable, "-c", read, str(store.path), query],
+            check=True,
+            timeout=SAFETY,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    assert another_process_reads() == str([(mailbox.mailbox_id,)])
+    second, _ = store.reserve(run_id="r-after", purpose="hard", ttl=600, domain="mailbox.test")
+
+    assert another_process_reads() == str(sorted([(mailbox.mailbox_id,), (second.mailbox_id,)]))
+
+
 def test_opening_a_file_that_is_no_database_is_a_store_error_and_leaves_nothing_open(
     tmp_path: Path,
 ) -> None:

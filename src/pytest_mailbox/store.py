@@ -1505,8 +1505,14 @@ def owner_only(path: Path) -> None:
     """Create ``path`` readable and writable by its owner alone (``0600``, whatever the
     umask), for SQLite to open: it makes the file's log and shared-memory files with the
     file's mode. A file that exists keeps the mode it has (its user chose it); a link to
-    none makes its target so."""
-    os.close(os.open(path, os.O_RDONLY | os.O_CREAT, 0o600))
+    none makes its target so.
+
+    Only a file that is not there is opened: closing a descriptor of a file drops every
+    POSIX lock the process holds on it, those of its SQLite connections too (a second
+    ``Store`` of a file the process has open, an MCP server's in a test, broke the first's
+    with ``disk I/O error``)."""
+    with suppress(FileExistsError):
+        os.close(os.open(path.resolve(), os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
