@@ -29,6 +29,7 @@ import sqlite3
 import sys
 import threading
 import time
+import traceback
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -65,11 +66,13 @@ from pytest_mailbox.message import (
     _URL_IN_TEXT,
     TEST_EXTRACTED,
     Message,
+    Recorded,
     _host,
     _keep_length,
     _redacted_link,
     mask_copied,
     mask_extracted,
+    mask_recorded,
     redact_url,
 )
 from pytest_mailbox.settings import argument
@@ -556,6 +559,7 @@ class _Call:
     #: What masks the call's texts (``AgentTools._hider``): the store's digests, read once.
     #: Until it is made (or if making it failed), every text is masked whole.
     hide: Callable[[str], str] = lambda text: "\u2022" * len(text)
+    recorded: Recorded | None = None  # those digests
 
     def with_step(self, step: str) -> _Call:
         return replace(self, steps=[*self.steps, step])
@@ -714,10 +718,16 @@ class AgentTools:
         (``mcp_command()`` carries its ``ttl_max``; None: the contract's ttl, the default)."""
         row = store.mailbox(mailbox_id)
         if row is None:
-            msg = f"no mailbox {mailbox_id} in {store.path}"
+            msg = (
+                f"no mailbox {mailbox_id} in {store.path}; pass the mailbox id "
+                "(--mailbox-id) that the test's mcp_command() names, with its store"
+            )
             raise ValueError(msg)
         if row.fence != fence:
-            msg = f"fence {fence} is stale: mailbox {mailbox_id} has fence {row.fence}"
+            msg = (
+                f"fence {fence} is stale: mailbox {mailbox_id} has fence {row.fence}; pass "
+                "the fence (--fence) that the test's mcp_command() names"
+            )
             raise ValueError(msg)
         contract = _Journal(journal_path(store.path)).binding(mailbox_id)
         if contract is None:
@@ -787,7 +797,7 @@ class AgentTools:
             at=utc(self.mailbox.store.clock()),
         )
         try:
-            call.hide = self._hider()
+            self._hider(call)
             answer = self._affordable(self._decide(name, arguments, call))
             if answer.reason is not None:  # it may quote the agent: "there is no tool …"
                 answer = answer.model_copy(update={"reason": call.hide(answer.reason)})
@@ -796,14 +806,16 @@ class AgentTools:
             if not call.quiet:
                 self._record(call, answer, started)
         except Exception as exc:  # the surface never raises: a failure is an answer too
-            # The agent learns only that the harness failed; its author gets the traceback.
+            # The agent learns only that the harness failed; its author gets the traceback,
+            # as text: the exception itself (exc_info) would let a handler other than
+            # pytest's, log_cli or a log file, print a link it quotes in clear.
             log.warning(
                 "agent tool call %s (%s) of %s failed in the harness; the agent was answered "
-                "provider_error",
+                "provider_error\n%s",
                 call.hide(call.tool),
                 call.hide(call.tool_call_id),
                 self.mailbox.mailbox_id,
-                exc_info=True,
+                self._traceback(exc, call),
             )
             reason = f"the harness failed ({type(exc).__name__}); it decides what happens next"
             answer = self._reply(Status.PROVIDER_ERROR, _STOP, reason)
@@ -837,13 +849,24 @@ class AgentTools:
         server that shuts down (the MCP server calls it when its client goes away)."""
         self._closing.set()
 
-    def _hider(self) -> Callable[[str], str]:
-        """What masks a text of this call: every link and code this run extracted, those
-        this process knows (``_unextracted``), and, by the digests the store keeps (read
-        once here), a code the test extracted in its own process, which an MCP server's
-        process never saw."""
-        recorded = self.mailbox._digests()
-        return lambda text: _unextracted(self.mailbox._unleaked(text, recorded))
+    def _hider(self, call: _Call) -> None:
+        """Make what masks a text of this call: every link and code this run extracted,
+        those this process knows (``_unextracted``), and, by the digests the store keeps
+        (read once here), a code the test extracted in its own process, which an MCP
+        server's process never saw."""
+        recorded = call.recorded = self.mailbox._digests()
+        call.hide = lambda text: _unextracted(self.mailbox._unleaked(text, recorded))
+
+    def _traceback(self, exc: Exception, call: _Call) -> str:
+        """A harness failure's traceback, with what the run extracted masked wherever it
+        shows (a ``resend`` that raises ``f"rate limited; last link {link}"``): as
+        ``_unleaked`` masks an error text, with the digests ``_hider`` read, if it did (a
+        store that failed is not asked again). Not ``call.hide``, whose masking of a whole
+        text where a code's digits show apart would take all of a traceback's."""
+        text = "".join(traceback.format_exception(exc)).rstrip("\n")
+        if call.recorded is not None:
+            text = mask_recorded(text, call.recorded)
+        return mask_extracted(text, also=self.mailbox._extracted)
 
     def _entry(
         self, call: _Call, status: str, reason: str | None, latency_ms: float
@@ -935,11 +958,17 @@ class AgentTools:
         # adapter, or in dry-run what a successful call would answer
         dry = self.contract.mode == "dry-run"
         if dry:
+            # The id the call gave back (masked as its evidence is: any text the agent chose)
+            given = (
+                args.selector.message_id
+                if isinstance(args, ClaimMessage)
+                else getattr(args, "message_id", None)
+            )
             answer = self._done(
                 tool,
                 reason="dry-run: nothing was done",
                 address=self.mailbox.address if isinstance(args, ReserveMailbox) else None,
-                message_id=getattr(args, "message_id", None),
+                message_id=None if given is None else call.hide(given),
                 kind=getattr(args, "kind", None),
             )
             call.steps.append("simulated")
