@@ -2169,6 +2169,63 @@ def test_a_subtests_captured_output_is_masked(pytester: pytest.Pytester, workers
         assert "482913" not in text
 
 
+@pytest.mark.skipif(pytest.version_tuple < (9,), reason="subtests are built in from pytest 9")
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_subtests_description_is_masked(pytester: pytest.Pytester, workers: str) -> None:
+    """``subtests.test(msg=..., **kwargs)`` is shown on the subtest's line and above its
+    failure, passed or failed: its report's context, not its traceback or output."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_sub(isolated_mailbox, send, subtests):
+            send(isolated_mailbox.address, body="Your code is 61803398")
+            code = isolated_mailbox.wait_for().code()
+            with subtests.test(msg=f"code {code}"):
+                assert code == "1"
+            with subtests.test(code=code):
+                assert code == "2"
+            with subtests.test(msg=f"again {code}", code=code):
+                pass
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-v", "-rA")
+    result.stdout.fnmatch_lines(
+        ["*SUBFAILED*[[]code ••••••98[]]*", "*test_sub [[]code ••••••98[]]*"]
+    )
+    result.stdout.fnmatch_lines(["*SUBFAILED*(code=*'••••••98'*)*"])
+    assert "61803398" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_what_a_test_records_for_junit_itself_is_masked(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """``record_property`` and ``record_testsuite_property`` go to JUnit XML as given: a
+    passing test's too, which has no report to mask. (xdist's workers have no testsuite
+    properties: that fixture does nothing there.)"""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_records(isolated_mailbox, send, record_property, record_testsuite_property):
+            send(isolated_mailbox.address, body="Open https://app.example.test/v?token=Wd5Fg8Hj2Kl4Mn7Pq")
+            link = isolated_mailbox.wait_for().link()
+            record_property("opened_url", link)
+            record_property("token_length", 17)
+            record_testsuite_property("last_url", link)
+        """
+    )
+    # record_property warns under xunit2, the default: "use 'legacy' or 'xunit1'"
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml", "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=1)
+    xml = (pytester.path / "junit.xml").read_text()
+    masked = "•" * (len("https://app.example.test/v?token=Wd5Fg8Hj2Kl4Mn7Pq") - 2) + "Pq"
+    assert f'name="opened_url" value="{masked}"' in xml  # the link, masked whole
+    assert 'name="token_length" value="17"' in xml  # what hides nothing stays as it was
+    if workers == "0":
+        assert f'name="last_url" value="{masked}"' in xml
+    assert "Wd5Fg8Hj2Kl4Mn7Pq" not in xml
+
+
 def test_words_of_another_tests_link_do_not_garble_a_report(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(

@@ -683,6 +683,7 @@ def pytest_runtest_makereport(
             _teardown_failed(item, report, closed)
     if not report.passed or report.sections:  # a pass shows its output too: -rP, JUnit, …
         _mask_extracted(report)
+    _mask_recorded(item, report)
     return report
 
 
@@ -721,8 +722,10 @@ class _ShownOutput:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if type(report) is not pytest.TestReport and (not report.passed or report.sections):
-            _mask_extracted(report)
+        if type(report) is not pytest.TestReport:
+            _mask_context(report)
+            if not report.passed or report.sections:
+                _mask_extracted(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_warning_recorded(self, warning_message: warnings.WarningMessage) -> None:
@@ -731,6 +734,51 @@ class _ShownOutput:
         text = str(warning_message.message)
         if mask is not None and (masked := mask(text)) != text:
             warning_message.message = masked  # a str, as xdist sends one
+
+
+def _mask_context(report: pytest.TestReport) -> None:
+    """A subtest's description (``subtests.test(msg=..., **kwargs)``), which the terminal
+    shows on its line (``SUBFAILED[code ••••98]``) and above its failure, passed or not."""
+    context = getattr(report, "context", None)
+    mask = _masker() if context is not None else None
+    if mask is None:
+        return
+    msg = getattr(context, "msg", None)
+    if isinstance(msg, str):
+        object.__setattr__(context, "msg", mask(msg))  # pytest's is a frozen dataclass
+    kwargs = getattr(context, "kwargs", None)
+    if isinstance(kwargs, dict) and kwargs:
+        shown = {k: mask(v) if isinstance(v, str) else v for k, v in kwargs.items()}
+        object.__setattr__(context, "kwargs", shown)
+
+
+def _mask_recorded(item: pytest.Item, report: pytest.TestReport) -> None:
+    """What the test recorded for JUnit XML itself, ``record_property`` (the report's
+    ``user_properties``, which xdist sends) and, at teardown, ``record_testsuite_property``
+    (JUnit's own list, written at the end of the run): ``record_property("url", link)``.
+    The plugin's receipts are left as they are: secret-free, and their digests' hex could
+    hold an extracted number's digits."""
+    if not report.user_properties and report.when != "teardown":
+        return
+    mask = _masker()
+    if mask is None:
+        return
+    report.user_properties = [
+        (name, value if name == RECEIPT_PROPERTY else _masked_value(value, mask))
+        for name, value in report.user_properties
+    ]
+    junit = item.config.stash.get(junitxml.xml_key, None)
+    if report.when == "teardown" and junit is not None and junit.global_properties:
+        junit.global_properties[:] = [
+            (name, mask(value)) for name, value in junit.global_properties
+        ]
+
+
+def _masked_value(value: object, mask: Callable[[str], str]) -> object:
+    """``value``, or its text masked where that hides something (JUnit writes ``str()``)."""
+    text = str(value)
+    masked = mask(text)
+    return value if masked == text else masked
 
 
 def _masker() -> Callable[[str], str] | None:
