@@ -20,7 +20,9 @@ from pytest_mailbox import (
     ContractError,
     EmailContract,
     Mailbox,
+    MailboxClosed,
     MailSink,
+    UnexpectedMessage,
     WaitTimeout,
 )
 from pytest_mailbox.contract import CloseReason, Status
@@ -212,3 +214,66 @@ def test_relaying_denied_quotes_at_most_100_characters_of_the_domain(store: Stor
     assert code == 550
     assert foreign[:100] in reply.decode()
     assert foreign not in reply.decode()
+
+
+def test_a_checkpoint_on_a_released_mailbox_is_refused_as_every_call_is(store: Store) -> None:
+    box = mailbox(store)
+    box.release()
+    with pytest.raises(MailboxClosed) as refused:
+        box.checkpoint()
+    assert refused.value.status is Status.RELEASED
+
+
+def test_a_wait_with_a_timeout_of_zero_is_one_look_not_the_contracts_timeout(
+    store: Store,
+) -> None:
+    box = mailbox(store)
+    deliver(store, box, subject="Other")
+    with pytest.raises(WaitTimeout) as caught:
+        box.wait_for(subject="Verify", timeout=0)
+    assert f"matched subject='Verify' within 0s (run {box.run_id}" in str(caught.value)
+
+
+def test_expect_none_is_not_set_off_by_its_own_claim_whose_lease_ran_out(
+    store: Store, clock: Clock
+) -> None:
+    box = mailbox(store)
+    deliver(store, box)
+    box.wait_for(subject="Verify", timeout=0)  # claimed, never acked
+    clock.advance(CONTRACT.lease + 1)
+    box.expect_none(within=0, subject="Verify")  # not news to this run
+
+
+def test_an_unexpected_message_masks_a_short_code_the_run_extracted(store: Store) -> None:
+    box = mailbox(store)
+    deliver(store, box, subject="Your code", body="Your code is QXKZ")
+    code = box.wait_for(subject="Your code", timeout=0).code(pattern=r"code is ([A-Z]+)")
+    assert code == "QXKZ"
+    deliver(store, box, subject="Reminder", body=f"Your code is still {code}")
+    with pytest.raises(UnexpectedMessage) as caught:
+        box.expect_none(within=0, body_contains=code)
+    assert "QXKZ" not in str(caught.value)
+
+
+def test_an_ack_after_the_mailbox_outlived_its_ttl_says_to_raise_ttl(
+    store: Store, clock: Clock
+) -> None:
+    box = mailbox(store)
+    deliver(store, box)
+    held = box.wait_for(timeout=0)
+    clock.advance(CONTRACT.ttl)
+    with pytest.raises(MailboxClosed) as refused:
+        held.ack()
+    assert refused.value.status is Status.EXPIRED
+    assert str(refused.value).startswith(
+        f"ack {held.message_id}: expired; mailbox {box.address} (test t::a) outlived its ttl "
+        "of 120s (email_contract ttl)"
+    )
+
+
+def test_a_fault_for_a_released_mailbox_is_refused(store: Store) -> None:
+    box = mailbox(store)
+    box.release()
+    with pytest.raises(MailboxClosed) as refused:
+        box.inject_fault(stage="RCPT")
+    assert refused.value.status is Status.RELEASED
