@@ -434,6 +434,36 @@ def test_two_matching_messages_are_ambiguous_and_neither_is_claimed(
     assert [(r.state, r.fence) for r in rows] == [("waiting", None), ("waiting", None)]
 
 
+def test_an_ambiguous_match_masks_the_codes_and_links_of_the_subjects_it_lists(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # Nobody extracted them: a subject is shown as every error shows one (mask_subject).
+    send(mailbox_server, mail(isolated_mailbox.address, "Your code is 483920"))
+    send(mailbox_server, mail(isolated_mailbox.address, "Your link https://app.test/v?t=Zq8xYtK2"))
+
+    with pytest.raises(AmbiguousMatch) as caught:
+        isolated_mailbox.wait_for(subject_contains="Your", timeout=10)
+
+    text = str(caught.value)
+    assert "('Your code is ••••20')" in text
+    assert "('Your link https://app.test/…?t=…')" in text
+    assert "483920" not in text
+    assert "Zq8xYtK2" not in text
+
+
+def test_a_receipt_lists_each_secret_under_the_message_it_came_from(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    send(mailbox_server, mail(isolated_mailbox.address, "Welcome", text="No code here.\n"))
+    send(mailbox_server, mail(isolated_mailbox.address, "Your code", text="Code: 483920\n"))
+    isolated_mailbox.wait_for(subject="Your code", timeout=10).code()
+
+    welcome, coded = isolated_mailbox.receipt().messages
+
+    assert (welcome.subject, welcome.secrets) == ("Welcome", [])
+    assert [(s.kind, s.last2) for s in coded.secrets] == [("code", "20")]
+
+
 def test_timeout_text_lists_every_near_miss_with_its_reason(
     mailbox_server: MailSink,
     mailbox_store: Store,
