@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from storekit import rows
@@ -700,6 +701,46 @@ def test_an_interrupt_inside_a_write_rolls_it_back_and_passes_through(tmp_path: 
         store.reserve(run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test")
     assert not store._conn(writer=True).in_transaction
     assert rows(store.path, "SELECT count(*) FROM mailboxes") == [(0,)]
+    store.close()
+
+
+class _InterruptedAsBeginReturns:
+    """A store's writer connection on which Ctrl-C (or pytest-timeout's signal) lands just
+    as ``BEGIN IMMEDIATE`` returns: Python raises it at the next instruction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        cursor = self.conn.execute(sql, *args)
+        if sql == "BEGIN IMMEDIATE":
+            raise KeyboardInterrupt
+        return cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def test_an_interrupt_as_a_write_begins_leaves_no_transaction_holding_the_store(
+    tmp_path: Path,
+) -> None:
+    """The BEGIN was outside the try that rolls back: the connection stayed in its write
+    transaction, and every other process's writes waited for it, then failed."""
+    store = Store(tmp_path / "store.sqlite3")
+    writer = store._conn(writer=True)
+    store._local.writer = _InterruptedAsBeginReturns(writer)
+    with pytest.raises(KeyboardInterrupt):
+        store.reserve(run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test")
+    store._local.writer = writer
+
+    assert not writer.in_transaction
+    with Store(store.path, busy_timeout=0.05) as other:  # another worker's, say
+        other.reserve(run_id="r-2", purpose="signup", ttl=60, domain="mailbox.test")
+    store.reserve(run_id="r-3", purpose="signup", ttl=60, domain="mailbox.test")
+    assert rows(store.path, "SELECT run_id FROM mailboxes ORDER BY run_id") == [
+        ("r-2",),
+        ("r-3",),
+    ]
     store.close()
 
 

@@ -489,23 +489,27 @@ class Store:
             # it (a lease, a ttl), and time spent truncating would come off what it grants.
             self._bound_wal(conn, give_up=give_up)
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as exc:
-                if not wait or (give_up is not None and give_up.is_set()):
-                    raise StoreBusy(str(exc)) from None
-                if "locked" not in str(exc):
-                    raise self._failed(exc, _NOTHING_STORED) from exc
-                if next(pauses, False) is False:
-                    msg = (
-                        f"the store {self.path} stayed locked by another connection for its "
-                        f"whole busy_timeout of {self._busy_timeout:g}s: a process stopped "
-                        "(a debugger, SIGSTOP) or hung inside a write transaction holds it"
-                    )
-                    raise StoreError(msg) from exc
+        # The BEGIN inside the try that rolls back: an interrupt (Ctrl-C, pytest-timeout's
+        # signal) raised as it returns left the connection in the transaction, holding
+        # every process's writes off the store until this one ended.
         try:
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not wait or (give_up is not None and give_up.is_set()):
+                        raise StoreBusy(str(exc)) from None
+                    if "locked" not in str(exc):
+                        raise self._failed(exc, _NOTHING_STORED) from exc
+                    if next(pauses, False) is False:
+                        msg = (
+                            f"the store {self.path} stayed locked by another connection for "
+                            f"its whole busy_timeout of {self._busy_timeout:g}s: a process "
+                            "stopped (a debugger, SIGSTOP) or hung inside a write "
+                            "transaction holds it"
+                        )
+                        raise StoreError(msg) from exc
             yield _Tx(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
