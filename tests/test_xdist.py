@@ -302,6 +302,41 @@ def test_a_run_whose_store_another_run_replaced_does_not_count_the_other_s(
     result.stdout.no_fnmatch_line("*another pytest run shares*")
 
 
+BROKEN_STORE_SUITE = """
+import os
+
+
+def test_its_store_is_lost(isolated_mailbox, mailbox_store):
+    # Another program put something else in its place: what the run's end opens is no
+    # store (this process's connections keep the file they opened).
+    for suffix in ("", "-wal", "-shm"):
+        os.unlink(f"{mailbox_store.path}{suffix}")
+    mailbox_store.path.write_bytes(b"not a database\\n" * 4096)
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_store_the_end_of_the_run_cannot_use_is_a_line_in_the_summary_not_a_traceback(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # The StoreError left pytest_sessionfinish: a traceback in place of the summary (a
+    # process that stopped inside a write held the store, in the case that found it).
+    pytester.makepyfile(BROKEN_STORE_SUITE)
+    basetemp = pytester.path / "basetemp"
+
+    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "mailbox: the end of the run could not close and count its mailboxes: the store "
+            f"{basetemp / STORE_NAME} failed: file is not a database *",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
 def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None:
     with _store(pytester) as db:
         assert db.execute("SELECT COUNT(*) FROM messages WHERE state = 'consumed'").fetchone() == (

@@ -19,7 +19,7 @@ from _pytest import junitxml  # its stash key: JUnit takes properties at teardow
 from _pytest._code.code import TerminalRepr
 
 from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, check_host, is_loopback
-from pytest_mailbox.errors import ExposedSinkWarning
+from pytest_mailbox.errors import ExposedSinkWarning, StoreError
 from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt
 from pytest_mailbox.settings import OPTIONS, Settings
 from pytest_mailbox.vocabulary import CONTRACT_FIELDS
@@ -322,8 +322,9 @@ def _finish(config: pytest.Config) -> None:
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
     run = config.stash[_run_key]
-    store = Store(path)
+    store: Store | None = None
     try:
+        store = Store(path)
         store.close_orphans(testrun=run)
         store.reconcile()
         stats = store.stats(testrun=run)
@@ -344,8 +345,13 @@ def _finish(config: pytest.Config) -> None:
                 "--basetemp); this run closed and counted only its own mailboxes: give each "
                 "run its own --basetemp"
             )
+    except StoreError as exc:  # a process stopped inside a write holds it, say: no traceback
+        config.stash[_foreign_key] = (
+            f"mailbox: the end of the run could not close and count its mailboxes: {exc}"
+        )
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
 
 def _stop_workers(config: pytest.Config) -> None:
