@@ -434,6 +434,25 @@ def test_two_matching_messages_are_ambiguous_and_neither_is_claimed(
     assert [(r.state, r.fence) for r in rows] == [("waiting", None), ("waiting", None)]
 
 
+def test_the_timeline_records_each_new_wait_once(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # A test cut short in its second wait (pytest-timeout) showed only its first: the
+    # timeline ended at the first message's claim, with no sign of what it hung in.
+    send(mailbox_server, mail(isolated_mailbox.address))
+    isolated_mailbox.wait_for(subject="Welcome", timeout=10).ack()
+    for _ in range(2):  # a retry of the same wait is no new step
+        with pytest.raises(WaitTimeout):
+            isolated_mailbox.wait_for(subject="Reset", timeout=0)
+
+    events = isolated_mailbox.receipt().events
+    assert [(e.status, e.detail) for e in events if e.status == "waiting"] == [
+        ("waiting", "subject='Welcome'"),
+        ("waiting", "subject='Reset'"),
+    ]
+    assert [e.status for e in events][-2:] == ["consumed", "waiting"]
+
+
 def test_an_ambiguous_match_masks_the_codes_and_links_of_the_subjects_it_lists(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

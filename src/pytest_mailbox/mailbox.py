@@ -296,7 +296,8 @@ class Mailbox:
         self._parsed: dict[int, Message] = {}
         self._extracted: set[str] = set()  # the links and codes taken from its messages
         _LIVE.add(self)
-        self._waited = False
+        #: The last ``waiting`` step recorded: a wait for something else records its own.
+        self._waiting: str | None = None
         self._agent: AgentTools | None = None
 
     @classmethod
@@ -505,7 +506,8 @@ class Mailbox:
         # The first look of a wait that has not marked itself waiting takes no pause point:
         # if it finds nothing it marks, and looks again from a pause point taken then.
         pause: _Pause | None = None
-        looked = self._waited
+        described = _describe(chosen)
+        looked = self._waiting == described
         woken: _Woken = {}  # the leases it wakes for (_lapse)
         while True:
             if looked:
@@ -525,13 +527,13 @@ class Mailbox:
                     self._unleaked(msg), result={"message_ids": [m.message_id for m in matches]}
                 )
             if matches:
-                waiting = None if self._waited else _describe(chosen)
-                self._waited = True  # the claim records it, whatever its outcome
+                waiting = None if self._waiting == described else described
+                self._waiting = described  # the claim records it, whatever its outcome
                 outcome = self._claim(matches[0], lease, waiting=waiting)
                 if outcome.status is Status.CLAIMED:
                     return ClaimedMessage(outcome.raw or b"", matches[0], self, outcome)
                 self._ensure_open()  # a closed mailbox refused the claim: say so now
-            if not self._waited:
+            if self._waiting != described:
                 # Once, before the first pause. Then look again from after it: a pause point
                 # taken before this write would count it as news and wake at the first look.
                 self._mark_waiting(chosen)
@@ -661,9 +663,12 @@ class Mailbox:
             ) from None
 
     def _mark_waiting(self, selector: Selector) -> None:
-        if not self._waited:
-            self._waited = True
-            self.store.mark(self.mailbox_id, self.fence, Status.WAITING, _describe(selector))
+        """The timeline's ``waiting`` step, once for each thing waited for in a row: a test
+        that hangs in its second wait shows which (a retry of the same wait adds none)."""
+        described = _describe(selector)
+        if self._waiting != described:
+            self._waiting = described
+            self.store.mark(self.mailbox_id, self.fence, Status.WAITING, described)
 
     def _ensure_open(self) -> None:
         __tracebackhide__ = True
