@@ -1117,6 +1117,34 @@ def test_the_summary_line_outlives_a_basetemp_removed_at_the_end(
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_summary_line_is_left_out_under_qq_as_pytest_leaves_out_its_counts(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_mailbox import MailboxClosed
+
+        def test_one(isolated_mailbox):
+            pass
+
+        @pytest.mark.email_contract(ttl=1, lease=1)
+        def test_slow(isolated_mailbox):
+            with pytest.raises(MailboxClosed):
+                isolated_mailbox.expect_none(within=30)
+        """
+    )
+    quiet = pytester.runpytest("-n", workers, "-qq")
+    shown = pytester.runpytest("-n", workers, "-q")
+
+    assert quiet.ret == 0
+    assert "mailbox: 2 reserved" not in quiet.stdout.str()
+    shown.stdout.fnmatch_lines(["mailbox: 2 reserved, *"])
+    # a warning is no count: -qq shows it
+    quiet.stdout.fnmatch_lines(["mailbox: 1 passing test(s) outlived their mailbox's ttl, *"])
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_fixture_teardown_that_fails_after_the_mailbox_closed_is_no_success(
     pytester: pytest.Pytester, workers: str
 ) -> None:

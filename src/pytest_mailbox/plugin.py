@@ -1063,9 +1063,10 @@ class _CrashReceipts:
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
-    """One line on the controller: what the run's mailboxes saw."""
+    """One line on the controller: what the run's mailboxes saw (not under ``-qq``, where
+    pytest leaves out its own counts), and the warnings about them (always)."""
     counts = config.stash.get(_stats_key, None)
-    if counts is not None:
+    if counts is not None and terminalreporter.verbosity > -2:
         terminalreporter.write_line("mailbox: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     reported = config.stash.get(_reported_key, None)
     if reported is not None and reported.expired:
