@@ -1288,14 +1288,16 @@ def test_a_dry_run_gives_back_the_message_id_it_was_given_masked_as_its_evidence
     code = isolated_mailbox.wait_for(timeout=10).code()  # the test's own, live
     own = isolated_mailbox.mailbox_id
 
-    claimed = tools.call(
-        "claim_message", {"fixture_id": own, "selector": {"message_id": "m-0123456789ab"}}
-    )
-    acked = tools.call("ack_message", {"fixture_id": own, "message_id": f"m-{code}", "fence": 1})
+    # a real id whose hex holds the code's digits is given back whole: the agent acks with it
+    real = f"m-a{code}b0c1d"
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {"message_id": real}})
+    acked = tools.call("ack_message", {"fixture_id": own, "message_id": real, "fence": 1})
+    echoed = tools.call("ack_message", {"fixture_id": own, "message_id": f"m-{code}", "fence": 1})
 
-    assert (claimed["status"], claimed["message_id"]) == ("claimed", "m-0123456789ab")
-    assert (acked["status"], acked["message_id"]) == ("consumed", "m-••••20")
-    assert code not in json.dumps(acked)
+    assert (claimed["status"], claimed["message_id"]) == ("claimed", real)
+    assert (acked["status"], acked["message_id"]) == ("consumed", real)
+    assert (echoed["status"], echoed["message_id"]) == ("consumed", "m-••••20")
+    assert code not in json.dumps(echoed)
 
 
 @pytest.mark.email_contract(purpose="signup", mode="dry-run")
@@ -1618,9 +1620,12 @@ def test_a_harness_failure_that_quotes_a_secret_is_logged_with_it_masked(
     app.signup(isolated_mailbox.address)
     message = isolated_mailbox.wait_for(timeout=10)
     link, code = message.link(APP), message.code()
+    # a token only the running test masks: eight letters and digits in a link's query
+    app.send(isolated_mailbox.address, "Reset", f"Open https://{APP}/reset?t=kq7pxzmw now\n")
+    isolated_mailbox.wait_for(subject="Reset", timeout=10).link(APP)
 
     def rate_limited(address: str) -> None:
-        msg = f"rate limited; the last link was {link}, code {code}"
+        msg = f"rate limited; the last link was {link}, code {code}; token kq7pxzmw expired"
         raise RuntimeError(msg)
 
     tools = isolated_mailbox.agent_tools(resend=rate_limited)
@@ -1632,7 +1637,7 @@ def test_a_harness_failure_that_quotes_a_secret_is_logged_with_it_masked(
     assert record.exc_info is None
     assert shown.endswith(
         f"RuntimeError: rate limited; the last link was {'•' * (len(link) - 2)}{link[-2:]}, "
-        f"code {'•' * (len(code) - 2)}{code[-2:]}"
+        f"code {'•' * (len(code) - 2)}{code[-2:]}; token ••••••mw expired"
     )
     assert link not in shown
     assert code not in shown

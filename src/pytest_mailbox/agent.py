@@ -866,7 +866,9 @@ class AgentTools:
         text = "".join(traceback.format_exception(exc)).rstrip("\n")
         if call.recorded is not None:
             text = mask_recorded(text, call.recorded)
-        return mask_extracted(text, also=self.mailbox._extracted)
+        # The running test's too: its link's parts that only it masks (?t=kq7pxzmw)
+        shown = [v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED]
+        return mask_extracted(text, also={*self.mailbox._extracted, *shown})
 
     def _entry(
         self, call: _Call, status: str, reason: str | None, latency_ms: float
@@ -958,7 +960,8 @@ class AgentTools:
         # adapter, or in dry-run what a successful call would answer
         dry = self.contract.mode == "dry-run"
         if dry:
-            # The id the call gave back (masked as its evidence is: any text the agent chose)
+            # The id the call gave back, masked as its evidence masks it: only if it is a
+            # value the test extracted (a code inside a real id's hex leaves it as it is)
             given = (
                 args.selector.message_id
                 if isinstance(args, ClaimMessage)
@@ -968,7 +971,7 @@ class AgentTools:
                 tool,
                 reason="dry-run: nothing was done",
                 address=self.mailbox.address if isinstance(args, ReserveMailbox) else None,
-                message_id=None if given is None else call.hide(given),
+                message_id=None if given is None else _id_unextracted(given, call.hide),
                 kind=getattr(args, "kind", None),
             )
             call.steps.append("simulated")
