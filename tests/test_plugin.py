@@ -2254,6 +2254,29 @@ def test_what_a_test_records_for_junit_itself_is_masked(
     assert "Wd5Fg8Hj2Kl4Mn7Pq" not in xml
 
 
+def test_a_recorded_value_with_no_text_is_left_to_whatever_shows_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """Masking it must not end the run: without JUnit XML nothing ever asks for its text."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        class NoText:
+            def __str__(self):
+                raise RuntimeError("no text")
+
+        def test_records(isolated_mailbox, send, record_property):
+            send(isolated_mailbox.address, body="Your code is 482913")
+            assert isolated_mailbox.wait_for().code() == "482913"
+            record_property("odd", NoText())
+        """
+    )
+    result = pytester.runpytest("-o", "junit_family=xunit1")
+
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+
+
 def test_words_of_another_tests_link_do_not_garble_a_report(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(

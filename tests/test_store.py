@@ -94,6 +94,17 @@ def test_store_refuses_a_bad_argument_naming_it_and_what_it_allows(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_link_loop_is_a_store_error_naming_the_store(tmp_path: Path) -> None:
+    # Resolving it raised RuntimeError ("Symlink loop") before Python 3.13.
+    (tmp_path / "a.sqlite3").symlink_to(tmp_path / "b.sqlite3")
+    (tmp_path / "b.sqlite3").symlink_to(tmp_path / "a.sqlite3")
+
+    with pytest.raises(StoreError, match="no store was opened") as failed:
+        Store(tmp_path / "a.sqlite3")
+
+    assert str(failed.value).startswith(f"the store {tmp_path / 'a.sqlite3'} failed: ")
+
+
 @pytest.mark.parametrize("kind", ["directory", "pipe"])
 def test_store_refuses_a_path_that_is_no_regular_file(tmp_path: Path, kind: str) -> None:
     # SQLite said "unable to open database file" or "disk I/O error", not which path; the

@@ -754,7 +754,12 @@ def _mask_context(report: pytest.TestReport) -> None:
         object.__setattr__(context, "msg", mask(msg))  # pytest's is a frozen dataclass
     kwargs = getattr(context, "kwargs", None)
     if isinstance(kwargs, dict) and kwargs:
-        shown = {k: mask(v) if isinstance(v, str) else v for k, v in kwargs.items()}
+        # pytest 9 keeps each value's repr; the pytest-subtests plugin the value itself,
+        # which it shows with !r: a value whose repr shows a secret becomes the masked text
+        shown = {
+            k: mask(v) if isinstance(v, str) else _masked_value(v, mask, repr)
+            for k, v in kwargs.items()
+        }
         object.__setattr__(context, "kwargs", shown)
 
 
@@ -764,25 +769,40 @@ def _mask_recorded(item: pytest.Item, report: pytest.TestReport) -> None:
     (JUnit's own list, written at the end of the run): ``record_property("url", link)``.
     The plugin's receipts are left as they are: secret-free, and their digests' hex could
     hold an extracted number's digits."""
-    if not report.user_properties and report.when != "teardown":
+    own = any(_own_property(entry) for entry in report.user_properties)
+    junit = item.config.stash.get(junitxml.xml_key, None) if report.when == "teardown" else None
+    suite = junit is not None and bool(junit.global_properties)
+    if not own and not suite:  # most reports: the receipt alone, nothing to build a mask for
         return
     mask = _masker()
     if mask is None:
         return
-    report.user_properties = [
-        (name, value if name == RECEIPT_PROPERTY else _masked_value(value, mask))
-        for name, value in report.user_properties
-    ]
-    junit = item.config.stash.get(junitxml.xml_key, None)
-    if report.when == "teardown" and junit is not None and junit.global_properties:
+    if own:
+        report.user_properties = [
+            (entry[0], _masked_value(entry[1], mask)) if _own_property(entry) else entry
+            for entry in report.user_properties
+        ]
+    if suite and junit is not None:
         junit.global_properties[:] = [
             (name, mask(value)) for name, value in junit.global_properties
         ]
 
 
-def _masked_value(value: object, mask: Callable[[str], str]) -> object:
-    """``value``, or its text masked where that hides something (JUnit writes ``str()``)."""
-    text = str(value)
+def _own_property(entry: object) -> bool:
+    """A ``(name, value)`` the test recorded, not the plugin's receipt (nor an entry that is
+    no pair: pytest's JUnit would fail on it, not this)."""
+    return isinstance(entry, tuple) and len(entry) == 2 and entry[0] != RECEIPT_PROPERTY
+
+
+def _masked_value(
+    value: object, mask: Callable[[str], str], text_of: Callable[[object], str] = str
+) -> object:
+    """``value``, or its text (``str()``, as JUnit writes it) masked where that hides
+    something; a value with no text stays as it is."""
+    try:
+        text = text_of(value)
+    except Exception:  # a __str__ that raises: whatever shows it fails on it, not this
+        return value
     masked = mask(text)
     return value if masked == text else masked
 

@@ -1515,8 +1515,12 @@ def owner_only(path: Path) -> None:
     POSIX lock the process holds on it, those of its SQLite connections too (a second
     ``Store`` of a file the process has open, an MCP server's in a test, broke the first's
     with ``disk I/O error``)."""
+    try:
+        target = path.resolve()  # a link to none: SQLite would make its target
+    except (OSError, RuntimeError):  # a link loop (RuntimeError before Python 3.13)
+        target = path  # left to SQLite, whose error names the store
     with suppress(FileExistsError):
-        os.close(os.open(path.resolve(), os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
