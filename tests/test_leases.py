@@ -467,6 +467,8 @@ def test_a_wait_looks_again_once_per_lease_whatever_the_store_clock_does(
     deliver(store, box)  # type: ignore[arg-type]  # a Mailbox has the address fields
     held = box.wait_for(subject="Verify", timeout=0, lease=30)
     clock.advance(30 - 0.001)  # a millisecond of the lease left, on a clock that stands still
+    with pytest.raises(WaitTimeout):  # its waiting step is recorded: the next records none
+        box.wait_for(subject="Verify", timeout=0)
     scans = count_scans()
     with pytest.raises(WaitTimeout, match="already claimed by this run"):
         box.wait_for(subject="Verify", timeout=0.5)

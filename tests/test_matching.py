@@ -453,6 +453,37 @@ def test_the_timeline_records_each_new_wait_once(
     assert [e.status for e in events][-2:] == ["consumed", "waiting"]
 
 
+def test_a_wait_after_a_claim_records_its_step_though_it_waits_for_the_same(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # The resend pattern: the second wait for "Verify" is no retry of the first, which got
+    # its message; a test that hangs in it must show it.
+    send(mailbox_server, mail(isolated_mailbox.address, "Verify"))
+    isolated_mailbox.wait_for(subject="Verify", timeout=10).ack()
+    isolated_mailbox.checkpoint()
+    with pytest.raises(WaitTimeout):
+        isolated_mailbox.wait_for(subject="Verify", timeout=0)
+
+    events = [e.status for e in isolated_mailbox.receipt().events]
+    assert events[-3:] == ["claimed", "consumed", "waiting"]
+    assert events.count("waiting") == 2
+
+
+def test_two_waits_at_once_for_two_things_record_one_step_each(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # Each mark woke the other wait, which marked again: about 190 steps a second.
+    def wait(subject: str) -> None:
+        with pytest.raises(WaitTimeout):
+            isolated_mailbox.wait_for(subject=subject, timeout=0.5)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(wait, ["A", "B"]))
+
+    steps = [e.detail for e in isolated_mailbox.receipt().events if e.status == "waiting"]
+    assert sorted(steps) == ["subject='A'", "subject='B'"]
+
+
 def test_an_ambiguous_match_masks_the_codes_and_links_of_the_subjects_it_lists(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

@@ -296,7 +296,8 @@ class Mailbox:
         self._parsed: dict[int, Message] = {}
         self._extracted: set[str] = set()  # the links and codes taken from its messages
         _LIVE.add(self)
-        #: The last ``waiting`` step recorded: a wait for something else records its own.
+        #: The last ``waiting`` step recorded since the last claim: a wait for something
+        #: else records its own, and so does any wait after a claim.
         self._waiting: str | None = None
         self._agent: AgentTools | None = None
 
@@ -507,7 +508,9 @@ class Mailbox:
         # if it finds nothing it marks, and looks again from a pause point taken then.
         pause: _Pause | None = None
         described = _describe(chosen)
-        looked = self._waiting == described
+        # This wait's own: two waits at once (threads, tasks) for two things must not mark
+        # in turn, each mark waking the other for the next.
+        marked = looked = self._waiting == described
         woken: _Woken = {}  # the leases it wakes for (_lapse)
         while True:
             if looked:
@@ -517,7 +520,8 @@ class Mailbox:
             if len(matches) != 1:  # one candidate goes to the claim, which checks it instead
                 self._ensure_open()
             if len(matches) > 1:
-                self._mark_waiting(chosen)
+                if not marked:
+                    self._record_waiting(described)
                 listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
                 msg = (
                     f"{len(matches)} messages for {self.address} match {_describe(chosen)}: "
@@ -527,16 +531,18 @@ class Mailbox:
                     self._unleaked(msg), result={"message_ids": [m.message_id for m in matches]}
                 )
             if matches:
-                waiting = None if self._waiting == described else described
-                self._waiting = described  # the claim records it, whatever its outcome
+                waiting = None if marked else described
+                marked, self._waiting = True, described  # the claim records it, whatever
                 outcome = self._claim(matches[0], lease, waiting=waiting)
                 if outcome.status is Status.CLAIMED:
+                    self._waiting = None  # the next wait, for this again too, is news
                     return ClaimedMessage(outcome.raw or b"", matches[0], self, outcome)
                 self._ensure_open()  # a closed mailbox refused the claim: say so now
-            if self._waiting != described:
+            if not marked:
                 # Once, before the first pause. Then look again from after it: a pause point
                 # taken before this write would count it as news and wake at the first look.
-                self._mark_waiting(chosen)
+                self._record_waiting(described)
+                marked = True
                 continue
             if pause is None:  # a refused claim at the first look: look again, then pause
                 continue
@@ -663,12 +669,16 @@ class Mailbox:
             ) from None
 
     def _mark_waiting(self, selector: Selector) -> None:
-        """The timeline's ``waiting`` step, once for each thing waited for in a row: a test
-        that hangs in its second wait shows which (a retry of the same wait adds none)."""
+        """The timeline's ``waiting`` step, unless the last one since a claim was for this
+        (the agent's repeated ``wait_for_message``)."""
         described = _describe(selector)
         if self._waiting != described:
-            self._waiting = described
-            self.store.mark(self.mailbox_id, self.fence, Status.WAITING, described)
+            self._record_waiting(described)
+
+    def _record_waiting(self, described: str) -> None:
+        """A ``waiting`` step: a test that hangs in its second wait shows which."""
+        self._waiting = described
+        self.store.mark(self.mailbox_id, self.fence, Status.WAITING, described)
 
     def _ensure_open(self) -> None:
         __tracebackhide__ = True
