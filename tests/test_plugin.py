@@ -2234,12 +2234,15 @@ def test_what_a_test_records_for_junit_itself_is_masked(
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(
         """
-        def test_records(isolated_mailbox, send, record_property, record_testsuite_property):
+        def test_records(
+            isolated_mailbox, send, record_property, record_testsuite_property, request
+        ):
             send(isolated_mailbox.address, body="Open https://app.example.test/v?token=Wd5Fg8Hj2Kl4Mn7Pq")
             link = isolated_mailbox.wait_for().link()
             record_property("opened_url", link)
             record_property("token_length", 17)
             record_testsuite_property("last_url", link)
+            request.node.user_properties.append(["as_a_list", link])  # JUnit takes it too
         """
     )
     # record_property warns under xunit2, the default: "use 'legacy' or 'xunit1'"
@@ -2248,6 +2251,7 @@ def test_what_a_test_records_for_junit_itself_is_masked(
     xml = (pytester.path / "junit.xml").read_text()
     masked = "•" * (len("https://app.example.test/v?token=Wd5Fg8Hj2Kl4Mn7Pq") - 2) + "Pq"
     assert f'name="opened_url" value="{masked}"' in xml  # the link, masked whole
+    assert f'name="as_a_list" value="{masked}"' in xml
     assert 'name="token_length" value="17"' in xml  # what hides nothing stays as it was
     if workers == "0":
         assert f'name="last_url" value="{masked}"' in xml

@@ -744,6 +744,24 @@ def test_an_interrupt_as_a_write_begins_leaves_no_transaction_holding_the_store(
     store.close()
 
 
+def test_a_write_refused_inside_a_write_leaves_the_outer_one_to_its_owner(
+    tmp_path: Path,
+) -> None:
+    """The refused BEGIN is inside the try that rolls back (for an interrupt): it must not
+    roll back the transaction it found open, whose statements would then commit one by
+    one, and whose COMMIT would fail."""
+    store = Store(tmp_path / "store.sqlite3")
+    with store._write() as tx:
+        tx.run("INSERT INTO bodies (raw) VALUES (?)", (b"one",))
+        refused = "cannot start a transaction within a transaction"
+        with pytest.raises(StoreError, match=refused), store._write():
+            pass  # pragma: no cover - refused
+        tx.run("INSERT INTO bodies (raw) VALUES (?)", (b"two",))
+        assert rows(store.path, "SELECT count(*) FROM bodies") == [(0,)]  # not yet committed
+    assert rows(store.path, "SELECT raw FROM bodies") == [(b"one",), (b"two",)]
+    store.close()
+
+
 def test_a_second_store_of_the_file_in_one_process_keeps_the_first_s_writes_shared(
     store: Store, mailbox: MailboxRow
 ) -> None:

@@ -330,7 +330,7 @@ def test_a_store_the_end_of_the_run_cannot_use_is_a_line_in_the_summary_not_a_tr
     assert result.ret == 0
     result.stdout.fnmatch_lines(
         [
-            "mailbox: the end of the run could not close and count its mailboxes: the store "
+            "mailbox: the end of the run could not open its store: the store "
             f"{basetemp / STORE_NAME} failed: file is not a database *",
         ]
     )

@@ -54,6 +54,7 @@ _attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's 
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _foreign_key = pytest.StashKey[str]()  # another run shares the store: said at the end
+_store_failed_key = pytest.StashKey[str]()  # the run's end could not use the store: said too
 _reported_key = pytest.StashKey["_Reported"]()  # what the reports said of the mailboxes
 _run_key = pytest.StashKey[str]()  # the plugin's own id of this pytest run
 _RUN_INPUT = "pytest_mailbox_run"  # its key in an xdist worker's workerinput
@@ -323,10 +324,14 @@ def _finish(config: pytest.Config) -> None:
 
     run = config.stash[_run_key]
     store: Store | None = None
+    step = "open its store"
     try:
         store = Store(path)
+        step = "close the mailboxes its tests left open"
         store.close_orphans(testrun=run)
+        step = "close the expired mailboxes and claims"
         store.reconcile()
+        step = "count its mailboxes"
         stats = store.stats(testrun=run)
         reported = config.stash.get(_reported_key, None)
         named = len(reported.mailboxes) if reported is not None else 0
@@ -339,6 +344,7 @@ def _finish(config: pytest.Config) -> None:
             )
         else:
             config.stash[_stats_key] = stats
+        step = "check whether another run shares its store"
         if store.other_runs(run) and _foreign_key not in config.stash:
             config.stash[_foreign_key] = (
                 f"mailbox: another pytest run shares {store.path} (two runs were given one "
@@ -346,9 +352,7 @@ def _finish(config: pytest.Config) -> None:
                 "run its own --basetemp"
             )
     except StoreError as exc:  # a process stopped inside a write holds it, say: no traceback
-        config.stash[_foreign_key] = (
-            f"mailbox: the end of the run could not close and count its mailboxes: {exc}"
-        )
+        config.stash[_store_failed_key] = f"mailbox: the end of the run could not {step}: {exc}"
     finally:
         if store is not None:
             store.close()
@@ -789,9 +793,9 @@ def _mask_recorded(item: pytest.Item, report: pytest.TestReport) -> None:
 
 
 def _own_property(entry: object) -> bool:
-    """A ``(name, value)`` the test recorded, not the plugin's receipt (nor an entry that is
-    no pair: pytest's JUnit would fail on it, not this)."""
-    return isinstance(entry, tuple) and len(entry) == 2 and entry[0] != RECEIPT_PROPERTY
+    """A ``(name, value)`` the test recorded (a list of two too, as JUnit takes one), not
+    the plugin's receipt (nor an entry that is no pair: pytest's JUnit fails on it)."""
+    return isinstance(entry, tuple | list) and len(entry) == 2 and entry[0] != RECEIPT_PROPERTY
 
 
 def _masked_value(
@@ -1091,9 +1095,10 @@ def pytest_terminal_summary(
     reported = config.stash.get(_reported_key, None)
     if reported is not None and reported.expired:
         terminalreporter.write_line(reported.expired_summary(), yellow=True)
-    foreign = config.stash.get(_foreign_key, None)
-    if foreign is not None:
-        terminalreporter.write_line(foreign, yellow=True)
+    for key in (_foreign_key, _store_failed_key):
+        said = config.stash.get(key, None)
+        if said is not None:
+            terminalreporter.write_line(said, yellow=True)
 
 
 #: A receipt's own mailbox id, as ``dump_receipt`` writes it: the first ``mailbox_id`` key

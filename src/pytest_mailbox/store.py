@@ -491,7 +491,9 @@ class Store:
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
         # The BEGIN inside the try that rolls back: an interrupt (Ctrl-C, pytest-timeout's
         # signal) raised as it returns left the connection in the transaction, holding
-        # every process's writes off the store until this one ended.
+        # every process's writes off the store until this one ended. A transaction that
+        # was open before (a write inside a write, which BEGIN refuses) is not this one's.
+        outer = conn.in_transaction
         try:
             while True:
                 try:
@@ -513,7 +515,7 @@ class Store:
             yield _Tx(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
+            if conn.in_transaction and not outer:
                 with suppress(sqlite3.Error):  # an I/O error may have ended it already
                     conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
