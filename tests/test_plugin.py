@@ -127,7 +127,9 @@ def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, worke
         assert receipt.close_reason == "released_success"
         assert receipt.state == "released"
     # one pytest run: every receipt, whichever worker wrote it, names the same testrun
-    assert len({r.testrun_uid for _, rs in cases.values() for r in rs}) == 1
+    (testrun,) = {r.testrun_uid for _, rs in cases.values() for r in rs}
+    assert testrun is not None
+    assert re.fullmatch(r"[0-9a-f]{32}", testrun)
     lines = (pytester.path / "out" / "receipts.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["run_id"] for line in lines) == sorted(
         r.run_id for _, rs in cases.values() for r in rs
@@ -210,6 +212,7 @@ def test_a_rerun_reports_the_receipt_of_its_own_attempt_only(
     ((props, receipts),) = _junit_cases(pytester.path / "junit.xml").values()
     (receipt,) = receipts  # the second attempt's, not the first one's as well
     assert receipt.run_id == props["attempt"]
+    assert receipt.close_reason == "released_success"  # the first attempt's failure is not its
     lines = (pytester.path / "receipts.jsonl").read_text().splitlines()
     assert [json.loads(line)["run_id"] for line in lines] == [receipt.run_id]
 
@@ -1144,6 +1147,42 @@ def test_the_summary_line_is_left_out_under_qq_as_pytest_leaves_out_its_counts(
     quiet.stdout.fnmatch_lines(["mailbox: 1 passing test(s) outlived their mailbox's ttl, *"])
 
 
+@pytest.mark.parametrize("second", ["passes", "skips"])
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_rerun_after_a_failed_teardown_reports_its_own_attempt_only(
+    pytester: pytest.Pytester, workers: str, second: str
+) -> None:
+    """The first attempt's call passed and a later fixture's teardown failed it, so its
+    receipt was amended to released_error: the rerun's reports carry the rerun's receipt
+    alone, and whether it is a success is the rerun's own call's to say."""
+    pytester.makeconftest(RERUN_CONFTEST)
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        ATTEMPTS = []
+
+        @pytest.fixture
+        def cleanup_before():  # torn down after the mailbox
+            yield
+            if len(ATTEMPTS) == 1:
+                raise RuntimeError("cleanup failed the first time")
+
+        def test_flaky(cleanup_before, isolated_mailbox):
+            ATTEMPTS.append(isolated_mailbox.run_id)
+            if len(ATTEMPTS) == 2 and {second == "skips"!r}:
+                pytest.skip("the second attempt skips midway")
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--mailbox-receipts=receipts.jsonl")
+    result.assert_outcomes(**{"passed" if second == "passes" else "skipped": 1})
+    lines = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    (receipt,) = (json.loads(line) for line in lines)  # the second attempt's only
+    assert receipt["close_reason"] == (
+        "released_success" if second == "passes" else "released_error"
+    )
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_fixture_teardown_that_fails_after_the_mailbox_closed_is_no_success(
     pytester: pytest.Pytester, workers: str
@@ -2008,6 +2047,25 @@ def test_the_xdist_controller_never_imports_the_sink(pytester: pytest.Pytester) 
     assert main.read_text() == "[]"
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_where_one_test_asks_for_a_mailbox_imports_the_sink_once_collected(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """One mailbox test among others is enough: the sink is imported once collected, not
+    inside the setup of that test (where a per-test timeout would count the imports)."""
+    pytester.makeconftest(CONTROLLER_CONFTEST)
+    pytester.makepyfile(
+        test_mixed="def test_plain():\n    pass\n\n\ndef test_mail(isolated_mailbox):\n    pass\n"
+    )
+    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
+    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result.assert_outcomes(passed=2)
+    collected = sorted(pytester.path.glob("collected-*.txt"))
+    assert len(collected) == (1 if workers == "0" else 2)
+    assert all(path.read_text() == repr(sorted(HEAVY)) for path in collected)
+
+
 def ended_conftest(modules: tuple[str, ...]) -> str:
     """A conftest that writes which of ``modules`` each process imported, as it ends."""
     return f"""
@@ -2231,11 +2289,29 @@ def test_what_a_test_records_for_junit_itself_is_masked(
     """``record_property`` and ``record_testsuite_property`` go to JUnit XML as given: a
     passing test's too, which has no report to mask. (xdist's workers have no testsuite
     properties: that fixture does nothing there.)"""
-    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makeconftest(
+        SENDER_CONFTEST
+        + """
+
+def pytest_runtest_logreport(report):  # what a report consumer gets: values keep their type
+    if report.when == "teardown":
+        kinds = sorted((name, type(value).__name__) for name, value in report.user_properties)
+        with open("kinds.txt", "a") as out:
+            print(kinds, file=out)
+"""
+    )
     pytester.makepyfile(
         """
+        import pytest
+
+        @pytest.fixture
+        def suite_url(record_testsuite_property):
+            links = []
+            yield links
+            record_testsuite_property("teardown_url", links[0])  # after the call's report
+
         def test_records(
-            isolated_mailbox, send, record_property, record_testsuite_property, request
+            isolated_mailbox, send, record_property, record_testsuite_property, suite_url, request
         ):
             send(isolated_mailbox.address, body="Open https://app.example.test/v?token=Wd5Fg8Hj2Kl4Mn7Pq")
             link = isolated_mailbox.wait_for().link()
@@ -2243,6 +2319,7 @@ def test_what_a_test_records_for_junit_itself_is_masked(
             record_property("token_length", 17)
             record_testsuite_property("last_url", link)
             request.node.user_properties.append(["as_a_list", link])  # JUnit takes it too
+            suite_url.append(link)
         """
     )
     # record_property warns under xunit2, the default: "use 'legacy' or 'xunit1'"
@@ -2255,7 +2332,13 @@ def test_what_a_test_records_for_junit_itself_is_masked(
     assert 'name="token_length" value="17"' in xml  # what hides nothing stays as it was
     if workers == "0":
         assert f'name="last_url" value="{masked}"' in xml
+        assert f'name="teardown_url" value="{masked}"' in xml
     assert "Wd5Fg8Hj2Kl4Mn7Pq" not in xml
+    kinds = set((pytester.path / "kinds.txt").read_text().splitlines())
+    assert kinds == {
+        "[('as_a_list', 'str'), ('mailbox.receipt', 'str'), ('opened_url', 'str'), "
+        "('token_length', 'int')]"
+    }
 
 
 def test_a_recorded_value_with_no_text_is_left_to_whatever_shows_it(
@@ -2308,6 +2391,31 @@ def test_words_of_another_tests_link_do_not_garble_a_report(pytester: pytest.Pyt
         ]
     )
     assert "Zq8xYtK2mPw9RvLs" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_short_code_an_earlier_test_extracted_does_not_mask_a_later_tests_report(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A test's report masks a short code it extracted (a four-digit PIN) wherever it
+    stands; the next test's report, in the same process, shows that number as it is: the
+    process remembers values of six characters or more only."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        def test_a_extracts(isolated_mailbox, send):
+            send(isolated_mailbox.address, body="Your PIN is 4821")
+            pin = isolated_mailbox.wait_for().code(r"PIN is (\\d{4})")
+            assert pin == "0000", f"PIN {pin}"
+
+        def test_b_shows_its_own_room_number():
+            assert "room 4821" == "room 0"
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--dist", "loadfile", "-p", "no:randomly")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*PIN ••21*", "*room 4821*"])
+    assert "PIN 4821" not in result.stdout.str()
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
@@ -2773,3 +2881,81 @@ def test_a_test_that_released_its_mailbox_then_xfailed_or_skipped_is_no_success(
                 "before its end)",
             ),
         ]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_test_that_released_its_mailbox_then_failed_shows_it_in_its_failure(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The failed call's report shows the mailbox's timeline as the receipt will end: a
+    release as released_success before the failure is released_error there already."""
+    pytester.makepyfile(
+        """
+        def test_releases_then_fails(isolated_mailbox):
+            isolated_mailbox.release()
+            assert False, "the page never loaded"
+        """
+    )
+    result = pytester.runpytest("-n", workers)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*- mailbox -*",
+            "mailbox *: released, released_error",
+            "*released *released_success",
+            "*released *released_error: the test did not pass (it was released as "
+            "released_success before its end)",
+        ]
+    )
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_value_pytest_shows_with_escapes_is_masked_in_its_repr(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A temporary password with a backslash: pytest's assertion shows its repr, where
+    the backslash is doubled; that form is masked as the value itself is."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        r"""
+        def test_signs_in(isolated_mailbox, send):
+            send(isolated_mailbox.address, body="Your temporary password is Kq7\\Zt9mWp4x")
+            password = isolated_mailbox.wait_for().code(r"password is (\S+)")
+            assert password == "not-the-one"
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    assert "Zt9mWp" not in text
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_receipt_is_left_whole_where_it_holds_what_the_test_extracted(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A receipt is secret-free, so it is never masked: not even where its node id holds
+    the code the test extracted (a case named for the code a seeded fake sends)."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.parametrize("expected", ["482913"])
+        def test_code(isolated_mailbox, send, record_property, expected):
+            send(isolated_mailbox.address, body=f"Your code is {expected}")
+            code = isolated_mailbox.wait_for().code()
+            record_property("code", code)
+            assert code == expected
+        """
+    )
+    result = pytester.runpytest(
+        "-n", workers, "--junitxml=junit.xml", "-o", "junit_family=xunit1",
+        "--mailbox-receipts=receipts.jsonl",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    xml = (pytester.path / "junit.xml").read_text()
+    assert 'name="code" value="••••13"' in xml  # the test's own property is masked
+    for path in ("junit.xml", "receipts.jsonl"):
+        (receipt,) = read_receipts(pytester.path / path)
+        assert receipt.nodeid.endswith(".py::test_code[482913]")

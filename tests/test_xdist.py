@@ -870,6 +870,10 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
             request.node.user_properties.append(("mailbox.receipt", "[" * 100_000))
 
 
+        def test_no_text_at_all(request):
+            request.node.user_properties.append(("mailbox.receipt", 42))
+
+
         def test_mail(isolated_mailbox, send):
             send(isolated_mailbox.address)
             isolated_mailbox.wait_for().ack()
@@ -878,7 +882,7 @@ def test_a_property_that_borrows_the_receipt_name_does_not_stop_the_run(
     result = pytester.runpytest(
         "-n", workers, "--html=report.html", "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl"
     )
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     (receipt,) = _junit_receipts(pytester.path / "junit.xml", "test_mail")
     assert receipt.close_reason == "released_success"
@@ -915,3 +919,45 @@ def test_an_address_that_is_not_utf8_in_the_log_does_not_kill_a_worker(
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*recip: a@mailbox.test\\udcff"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_crash_in_a_rerun_brings_only_the_receipts_no_report_brought(
+    pytester: pytest.Pytester,
+) -> None:
+    """The first attempt's reports brought its receipt; the worker then died in the rerun:
+    the crash report adds the rerun's mailbox alone, not the first attempt's again."""
+    pytester.makeconftest(
+        """
+        import pytest
+        from _pytest.runner import runtestprotocol
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_protocol(item, nextitem):
+            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            for _ in (1, 2):
+                item._initrequest()
+                reports = runtestprotocol(item, nextitem=nextitem)
+                if all(r.passed for r in reports):
+                    break
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            return True
+        """
+    )
+    pytester.makepyfile(
+        """
+        import os
+
+        ATTEMPTS = []
+
+        def test_crashes_when_rerun(isolated_mailbox):
+            ATTEMPTS.append(isolated_mailbox.run_id)
+            if len(ATTEMPTS) == 2:
+                os._exit(3)
+            assert False, "fails the first time"
+        """
+    )
+    pytester.runpytest("-n", "1", "--mailbox-receipts=receipts.jsonl")
+    receipts = read_receipts(pytester.path / "receipts.jsonl")
+    run_ids = [receipt.run_id for receipt in receipts]
+    assert len(run_ids) == 2
+    assert len(set(run_ids)) == 2  # each attempt's receipt, once
