@@ -469,6 +469,22 @@ def test_a_wait_after_a_claim_records_its_step_though_it_waits_for_the_same(
     assert events.count("waiting") == 2
 
 
+def test_a_wait_after_a_claim_by_id_records_its_step_too(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    with pytest.raises(WaitTimeout):
+        isolated_mailbox.wait_for(subject="Verify", timeout=0)
+    send(mailbox_server, mail(isolated_mailbox.address, "Verify"))
+    (message_id,) = ids(mailbox_store, isolated_mailbox)
+    isolated_mailbox.claim(message_id).ack()
+    with pytest.raises(WaitTimeout):
+        isolated_mailbox.wait_for(subject="Verify", timeout=0)
+
+    events = [e.status for e in isolated_mailbox.receipt().events]
+    assert events.count("waiting") == 2
+    assert events[-1] == "waiting"
+
+
 def test_two_waits_at_once_for_two_things_record_one_step_each(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

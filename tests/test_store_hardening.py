@@ -744,6 +744,24 @@ def test_an_interrupt_as_a_write_begins_leaves_no_transaction_holding_the_store(
     store.close()
 
 
+def test_a_transaction_no_write_holds_is_ended_by_the_next_write(tmp_path: Path) -> None:
+    """A second interrupt, landing on the rollback of an interrupted write, leaves its
+    transaction open with no write holding it: the next write ends it, rather than fail
+    on it for ever while every other process waits for the lock it holds."""
+    store = Store(tmp_path / "store.sqlite3")
+    store._conn(writer=True).execute("BEGIN IMMEDIATE")  # left open, as such a rollback leaves it
+
+    store.reserve(run_id="r-1", purpose="signup", ttl=60, domain="mailbox.test")
+    with Store(store.path, busy_timeout=0.05) as other:  # another worker's, say
+        other.reserve(run_id="r-2", purpose="signup", ttl=60, domain="mailbox.test")
+
+    assert rows(store.path, "SELECT run_id FROM mailboxes ORDER BY run_id") == [
+        ("r-1",),
+        ("r-2",),
+    ]
+    store.close()
+
+
 def test_a_write_refused_inside_a_write_leaves_the_outer_one_to_its_owner(
     tmp_path: Path,
 ) -> None:

@@ -531,17 +531,18 @@ class Mailbox:
                     self._unleaked(msg), result={"message_ids": [m.message_id for m in matches]}
                 )
             if matches:
-                waiting = None if marked else described
+                waiting = None if marked or self._waiting == described else described
                 marked, self._waiting = True, described  # the claim records it, whatever
                 outcome = self._claim(matches[0], lease, waiting=waiting)
                 if outcome.status is Status.CLAIMED:
-                    self._waiting = None  # the next wait, for this again too, is news
                     return ClaimedMessage(outcome.raw or b"", matches[0], self, outcome)
                 self._ensure_open()  # a closed mailbox refused the claim: say so now
             if not marked:
                 # Once, before the first pause. Then look again from after it: a pause point
                 # taken before this write would count it as news and wake at the first look.
-                self._record_waiting(described)
+                # (Not if a wait for the same, begun at once in another thread, marked it.)
+                if self._waiting != described:
+                    self._record_waiting(described)
                 marked = True
                 continue
             if pause is None:  # a refused claim at the first look: look again, then pause
@@ -949,7 +950,7 @@ class Mailbox:
     def _claim(
         self, row: MessageRow, lease: float | None, *, waiting: str | None = None
     ) -> Outcome:
-        return self.store.claim(
+        outcome = self.store.claim(
             mailbox_id=self.mailbox_id,
             mailbox_fence=self.fence,
             message_id=row.message_id,
@@ -957,6 +958,9 @@ class Mailbox:
             lease=self.contract.lease if lease is None else lease,
             waiting=waiting,
         )
+        if outcome.status is Status.CLAIMED:
+            self._waiting = None  # the next wait, for the same again too, is news
+        return outcome
 
     def claim(
         self,

@@ -491,9 +491,13 @@ class Store:
         pauses = _pauses(self._busy_timeout)  # its clock starts at the first refusal
         # The BEGIN inside the try that rolls back: an interrupt (Ctrl-C, pytest-timeout's
         # signal) raised as it returns left the connection in the transaction, holding
-        # every process's writes off the store until this one ended. A transaction that
-        # was open before (a write inside a write, which BEGIN refuses) is not this one's.
-        outer = conn.in_transaction
+        # every process's writes off the store until this one ended. The transaction of a
+        # write this one is inside (which BEGIN refuses) is not this one's to end; one that
+        # no write holds was left by an interrupt during a rollback, and is ended first.
+        outer = getattr(self._local, "writing", False)
+        if conn.in_transaction and not outer:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         try:
             while True:
                 try:
@@ -512,6 +516,7 @@ class Store:
                             "transaction holds it"
                         )
                         raise StoreError(msg) from exc
+            self._local.writing = True
             yield _Tx(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
@@ -521,6 +526,8 @@ class Store:
             if isinstance(exc, sqlite3.Error):
                 raise self._failed(exc, _NOTHING_STORED) from exc
             raise
+        finally:
+            self._local.writing = outer
         self._committed(wait=wait)
 
     def _failed(self, exc: sqlite3.Error, outcome: str) -> StoreError:
