@@ -56,6 +56,14 @@ def _store(pytester: pytest.Pytester) -> closing[sqlite3.Connection]:
     return closing(sqlite3.connect(pytester.path.parent / "basetemp" / STORE_NAME))
 
 
+def _run_apart(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, Path]:
+    """A run in a process of its own (an interrupt in it stops it alone) and a basetemp of
+    its own: its result, and the path of its store."""
+    basetemp = pytester.path / "basetemp"
+    result = pytester.runpytest_subprocess(*args, f"--basetemp={basetemp}")
+    return result, basetemp / STORE_NAME
+
+
 def _junit_receipts(junit: Path, test: str) -> list[Receipt]:
     """The receipts JUnit XML records for the test case named ``test``."""
     return [
@@ -96,11 +104,10 @@ def test_a_test_cut_short_gives_back_what_it_claimed(
     pytester.makepyfile(INTERRUPTED_SUITE.format(stop=stop))
 
     # In a process of its own: a Ctrl-C in an in-process run would stop this test too.
-    basetemp = pytester.path / "basetemp"
-    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+    result, store = _run_apart(pytester, "-n", workers)
 
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+    with closing(sqlite3.connect(store)) as db:
         assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
             ("released", "released_error")
         ]
@@ -166,12 +173,11 @@ def test_a_controller_that_stops_early_stops_the_workers_before_the_bookkeeping(
     # carried its receipt.
     pytester.makeconftest(conftest)
     pytester.makepyfile(CONTROLLER_STOPS_SUITE.format(stop=stop))
-    basetemp = pytester.path / "basetemp"
 
-    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
+    result, store = _run_apart(pytester, "-n", "1", "-p", "no:randomly")
 
     assert result.ret == code
-    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+    with closing(sqlite3.connect(store)) as db:
         assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
             ("released", "released_error")  # the first test's, its worker stopped in it
         ]
@@ -206,11 +212,10 @@ def test_a_second_interrupt_while_the_workers_stop_still_closes_the_mailboxes(
     # The second interrupt ended the run's end in the wait for the workers: nothing closed
     # the mailbox but the worker's own teardown, and the run's summary was never made.
     pytester.makepyfile(TWICE_INTERRUPTED_SUITE)
-    basetemp = pytester.path / "basetemp"
 
-    pytester.runpytest_subprocess("-n", "1", "-p", "no:randomly", f"--basetemp={basetemp}")
+    _, store = _run_apart(pytester, "-n", "1", "-p", "no:randomly")
 
-    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+    with closing(sqlite3.connect(store)) as db:
         assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
             ("released", "released_error")
         ]
@@ -247,17 +252,16 @@ def test_the_end_of_a_run_closes_only_its_own_mailboxes(
     pytester: pytest.Pytester, workers: str, emptied: bool
 ) -> None:
     pytester.makepyfile(SECOND_RUN_SUITE.format(emptied=emptied))
-    basetemp = pytester.path / "basetemp"
 
-    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+    result, store = _run_apart(pytester, "-n", workers)
 
     result.assert_outcomes(passed=1)
-    with closing(sqlite3.connect(basetemp / STORE_NAME)) as db:
+    with closing(sqlite3.connect(store)) as db:
         states = db.execute("SELECT purpose, state, close_reason FROM mailboxes").fetchall()
     mine = [] if emptied else [("mail", "released", "released_error")]
     assert sorted(states) == sorted([*mine, ("second", "reserved", None)])
     result.stdout.fnmatch_lines(
-        [f"mailbox: another pytest run shares {basetemp / STORE_NAME} (two runs were given *"]
+        [f"mailbox: another pytest run shares {store} (two runs were given *"]
     )
     result.stdout.no_fnmatch_line("mailbox: 2 reserved*")
 
@@ -285,14 +289,13 @@ def test_a_run_whose_store_another_run_replaced_does_not_count_the_other_s(
 ) -> None:
     # It said "mailbox: 0 reserved, ...", and that it counted only its own mailboxes.
     pytester.makepyfile(REPLACED_STORE_SUITE)
-    basetemp = pytester.path / "basetemp"
 
-    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+    result, store = _run_apart(pytester, "-n", workers)
 
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
         [
-            f"mailbox: {basetemp / STORE_NAME} holds 0 of the 1 mailboxes this run's reports "
+            f"mailbox: {store} holds 0 of the 1 mailboxes this run's reports "
             "name: another pytest run given the same --basetemp replaced it, so this run's "
             "mailboxes are not counted (their receipts, in the reports, are whole): give "
             "each run its own --basetemp"
@@ -322,16 +325,15 @@ def test_a_store_the_end_of_the_run_cannot_use_is_a_line_in_the_summary_not_a_tr
     # The StoreError left pytest_sessionfinish: a traceback in place of the summary (a
     # process that stopped inside a write held the store, in the case that found it).
     pytester.makepyfile(BROKEN_STORE_SUITE)
-    basetemp = pytester.path / "basetemp"
 
-    result = pytester.runpytest_subprocess("-n", workers, f"--basetemp={basetemp}")
+    result, store = _run_apart(pytester, "-n", workers)
 
     result.assert_outcomes(passed=1)
     assert result.ret == 0
     result.stdout.fnmatch_lines(
         [
             "mailbox: the end of the run could not open its store: the store "
-            f"{basetemp / STORE_NAME} failed: file is not a database *",
+            f"{store} failed: file is not a database *",
         ]
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
