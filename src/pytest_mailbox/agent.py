@@ -586,12 +586,17 @@ def _name(text: object) -> str:
     return _shown(mask_copied(_str(text)[:_MASKED_WHOLE]))
 
 
+def _test_extracted() -> list[str]:
+    """What the running test extracted, long enough to be masked inside other text."""
+    return [v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED]
+
+
 def _unextracted(text: str) -> str:
     """``text`` with every link and code the test extracted masked (``reveal``, ``link()``,
     ``code()``), wherever it shows; masked whole where one shows only once its letters and
     digits are read alone (``483 920``, ``４８３９２０``, ``483\u200b920``: an agent may copy a
     code as it was shown to it)."""
-    extracted = [v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED]
+    extracted = _test_extracted()
     masked = mask_extracted(text, also=extracted)
     if extracted and _DIGIT_OR_CAPITAL.search(masked):
         bare = _bare(masked)
@@ -867,8 +872,7 @@ class AgentTools:
         if call.recorded is not None:
             text = mask_recorded(text, call.recorded)
         # The running test's too: its link's parts that only it masks (?t=kq7pxzmw)
-        shown = [v for v in TEST_EXTRACTED if len(v) >= _MIN_TEST_EXTRACTED]
-        return mask_extracted(text, also={*self.mailbox._extracted, *shown})
+        return mask_extracted(text, also={*self.mailbox._extracted, *_test_extracted()})
 
     def _entry(
         self, call: _Call, status: str, reason: str | None, latency_ms: float
