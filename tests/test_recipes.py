@@ -4,6 +4,9 @@ pytest.ini and pytest-django, and docs/examples/without_pytest.py as a script.""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -192,3 +195,77 @@ def test_the_django_recipe_serves_each_kind_of_project(
     pytester.makeini("\n".join(ini))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def ci_steps() -> tuple[list[str], str]:
+    """recipes.md's "In CI" block, as a reader copies it: its `run:` lines and the
+    artifact's path."""
+    page = (Path(__file__).parents[1] / "docs" / "recipes.md").read_text("utf-8")
+    block = page.split("## In CI", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    found = [line.strip() for line in block.splitlines()]
+    runs = [line.split("run: ", 1)[1] for line in found if "run: " in line]
+    (path,) = (line.split("path: ", 1)[1] for line in found if line.startswith("path: "))
+    return runs, path
+
+
+CI_SUITE = """
+import smtplib
+
+
+def send(server, to, subject, body):
+    with smtplib.SMTP(server.host, server.port) as smtp:
+        smtp.sendmail("app@example.test", [to], f"Subject: {subject}\\r\\n\\r\\n{body}\\r\\n")
+
+
+def test_verified(isolated_mailbox, mailbox_server):
+    send(mailbox_server, isolated_mailbox.address, "Your code", "Your code is 482913.")
+    message = isolated_mailbox.wait_for(subject="Your code", timeout=10)
+    assert message.code() == "482913"
+    message.ack()
+
+
+def test_reset_never_sent(isolated_mailbox):
+    isolated_mailbox.wait_for(subject="Reset your password", timeout=0.2)
+"""
+
+
+def test_the_ci_recipe_keeps_both_reports_and_prints_the_failed_tests_timeline(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """The steps run as copied (`python` is this interpreter), in a project of two tests,
+    one of which fails: the failure step then runs, and shows that test alone."""
+    (run_tests, show_failed), artifact = ci_steps()
+    pytester.makepyfile(test_signup=CI_SUITE)
+    pytester.makeini("[pytest]")
+    # The outer run's temporary folder must not be cleaned up by the inner run.
+    addopts = f"--basetemp={tmp_path / 'basetemp'} -p no:cacheprovider"
+
+    def run(line: str) -> subprocess.CompletedProcess[str]:
+        python, *argv = shlex.split(line)
+        assert python == "python"
+        return subprocess.run(
+            [sys.executable, *argv],
+            cwd=pytester.path,
+            env={**os.environ, "PYTEST_ADDOPTS": addopts},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    tests = run(run_tests)
+    assert tests.returncode == 1, tests.stdout + tests.stderr  # the failure step runs
+    assert re.search(r"created: \d+/\d+ workers", tests.stdout)  # under xdist
+    reports = pytester.path / artifact
+    assert sorted(path.name for path in reports.iterdir()) == ["junit.xml", "receipts.jsonl"]
+    for report in reports.iterdir():
+        text = report.read_text("utf-8")
+        assert "mail-" in text  # the receipts are there...
+        assert "482913" not in text  # ...and the code is not
+
+    shown = run(show_failed)
+    assert shown.returncode == 0, shown.stderr
+    assert "test_signup.py::test_reset_never_sent" in shown.stdout
+    assert "test_verified" not in shown.stdout
+    assert "waiting          subject='Reset your password'" in shown.stdout
+    assert "1 receipt(s)" in shown.stdout
