@@ -564,6 +564,20 @@ def test_the_default_code_is_not_a_digit_run_of_a_link_or_a_token() -> None:
     assert plain(body).code(pattern=r"reset/(\d+)") == "58203917"
 
 
+def test_a_pattern_of_the_tests_own_looks_inside_an_html_bodys_links() -> None:
+    """An HTML mail's links are its hrefs, which its text leaves out: a pattern aimed at a
+    link finds the code there, as in a text mail. The default still looks outside links."""
+    html = '<p>Welcome!</p><p><a href="https://app.example.test/verify?code=482913">Verify</a></p>'
+    message = Message(build(html=html), message_id="m-1")
+
+    assert message.code(pattern=r"code=(\d+)") == "482913"
+    with pytest.raises(ExtractionError, match="no code matching"):
+        message.code()
+    # With a text part, the text is what is searched, as the docs say: not the HTML's links.
+    both = Message(build(text="Verify: https://app.example.test/verify?code=111111", html=html))
+    assert both.code(pattern=r"code=(\d+)") == "111111"
+
+
 def test_code_found_in_subject_and_body_counts_once() -> None:
     message = plain("Use 482913 to sign in.", subject="482913 is your code")
 

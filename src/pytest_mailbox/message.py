@@ -1491,7 +1491,8 @@ class Message:
         return values
 
     def code(self, pattern: str | None = None) -> str:
-        """The one distinct code matching ``pattern`` (group 1 if it has one) in body or subject.
+        """The one distinct code matching ``pattern`` (group 1 if it has one) in body or subject
+        (a ``pattern`` given also looks inside links: an HTML body's hrefs too).
 
         Zero or several distinct values raise ExtractionError; values are shown masked only.
         """
@@ -1513,6 +1514,8 @@ class Message:
         texts: tuple[str, ...] = (self.body_text, self.subject)
         if pattern is None:
             texts = tuple(_URL_IN_TEXT.sub(" ", text) for text in texts)
+        elif not self.text.strip():  # the HTML body is searched: its links are in its hrefs
+            texts += tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
         values = self._codes(source, texts, given=pattern is not None)
         if not values and pattern is None:
             values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
