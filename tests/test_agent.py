@@ -2071,6 +2071,9 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
         assert exited.value.code == 2
         return capsys.readouterr().err.splitlines()[-1].split(": error: ", 1)[1]
 
+    assert refused("--mailbox-id", own, "--fence", "1") == (
+        "the following arguments are required: --store"
+    )
     missing = tmp_path / "none.sqlite3"
     assert refused("--store", str(missing), "--mailbox-id", own, "--fence", "1") == (
         f"--store {missing}: no such file"
@@ -2117,6 +2120,80 @@ def test_mcp_server_refuses_to_start_without_a_valid_binding(
     assert refused("--store", store, "--mailbox-id", own, "--fence", str(fence)) == without_mcp
     assert journal_path(mailbox_store.path).is_file()
     bare.release()
+
+
+def test_mcp_server_refuses_a_damaged_store_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store whose schema reads back but whose pages do not (a disk that filled, a
+    file another program changed): the server's usage error says how the store failed."""
+    path = tmp_path / "pytest-mailbox.sqlite3"
+    Store(path).close()
+    with closing(sqlite3.connect(path)) as conn:
+        (page,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'keys'").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+    with path.open("r+b") as damaged:  # the keys table's page, overwritten
+        damaged.seek((page - 1) * size)
+        damaged.write(b"\xff" * size)
+
+    with pytest.raises(SystemExit) as exited:
+        mcp_main(["--store", str(path), "--mailbox-id", "mbx-000000000000", "--fence", "1"])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"python -m pytest_mailbox.mcp_server: error: the store {path} failed: database disk "
+        "image is malformed (is its disk full, or did another program change or remove the "
+        "file?); nothing of this call was stored"
+    )
+
+
+def test_mcp_server_refuses_another_programs_database_of_mailboxes(
+    isolated_mailbox: Mailbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mail server's SQLite file may well have a table named mailboxes: it is no store,
+    and the server adds no table of its own to it."""
+    foreign = tmp_path / "mail.sqlite3"
+    with closing(sqlite3.connect(foreign)) as conn, conn:
+        conn.execute("CREATE TABLE mailboxes (name TEXT)")
+    argv = ["--store", str(foreign), "--mailbox-id", isolated_mailbox.mailbox_id, "--fence", "1"]
+
+    with pytest.raises(SystemExit) as exited:
+        mcp_main(argv)
+
+    assert exited.value.code == 2
+    refusal = capsys.readouterr().err.splitlines()[-1]
+    assert refusal.endswith(
+        f"error: --store {foreign}: not a pytest-mailbox store; pass the file that "
+        "mcp_command() names (pytest-mailbox.sqlite3 in the run's base temp)"
+    )
+    with closing(sqlite3.connect(foreign)) as conn:
+        assert [row[0] for row in conn.execute("SELECT name FROM sqlite_master")] == ["mailboxes"]
+
+
+@SIGNUP
+def test_mcp_server_takes_a_store_path_relative_to_its_directory(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    """A command line written by hand, run in the run's base temp: --store names the file
+    relative to there."""
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    at = command.index("--store") + 1
+    assert command[at] == str(mailbox_store.path)
+    command[at] = mailbox_store.path.name
+    params = StdioServerParameters(
+        command=command[0], args=command[1:], env=dict(os.environ), cwd=mailbox_store.path.parent
+    )
+
+    async def session() -> str:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            result = await client.call_tool("reserve_mailbox", {"purpose": "signup", "ttl": 60})
+            return str((result.structured_content or {}).get("status"))
+
+    assert asyncio.run(session()) == "reserved"
+    assert [e.tool for e in tools.evidence()] == ["reserve_mailbox"]
 
 
 @SIGNUP
@@ -2230,6 +2307,30 @@ def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: M
         prefixes.setdefault(session, set()).add(tool_call_id.rsplit("-", 1)[0])
     assert all(len(p) == 1 for p in prefixes.values())  # one prefix per server session
     assert len(set.union(*prefixes.values())) == 3  # and a different one for each
+
+
+@SIGNUP
+def test_an_mcp_call_without_arguments_is_answered_as_one_with_none(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """MCP lets a client leave a call's arguments out: the agent is told which fields it
+    must give, as for ``{}``, not that its arguments are no JSON object."""
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+
+    async def session() -> dict[str, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            result = await client.call_tool("release_mailbox")  # no "arguments" sent
+            assert not result.is_error
+            return dict(result.structured_content or {})
+
+    served = asyncio.run(session())
+
+    assert served == tools.call("release_mailbox", {})
+    assert served["status"] == "rejected"
+    assert "fixture_id" in served["reason"]
 
 
 @SIGNUP

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import pytest_mailbox
+from pytest_mailbox import MailboxError, Status
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: The pages whose every Python block is an excerpt of an example the suite runs.
@@ -70,3 +73,45 @@ def test_a_changed_or_reordered_line_is_not_an_excerpt() -> None:
     assert is_excerpt("def f():\n    a = 1\n    b = 2\n", source)  # a docstring left out
     assert not is_excerpt("def f():\n    a = 2\n", source)  # a changed line
     assert not is_excerpt("def f():\n    b = 2\n    a = 1\n", source)  # reordered
+
+
+def test_the_exceptions_table_of_the_contract_page_is_what_each_exception_carries() -> None:
+    """docs/contract.md tells which status each exception carries; a caller reads it back
+    from ``.status`` (a ``str``: the word an agent's answer holds) and ``.result["status"]``.
+    ``MailboxClosed`` says one of its three by the instance; the others, each its own."""
+    page = (DOCS / "contract.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (`[A-Z].*?) \| (`[a-z_].*?) \|", page, re.MULTILINE)
+    table: dict[str, list[str]] = {}
+    for names, statuses in rows:
+        for name, status in zip(names.split(" / "), statuses.split(" / "), strict=False):
+            table[name.strip("`")] = [status.strip("`")]
+    table["MailboxClosed"] = re.findall(r"`([a-z_]+)`", dict(rows)["`MailboxClosed`"])
+    errors = {
+        name: cls
+        for name in pytest_mailbox.__all__
+        if isinstance(cls := getattr(pytest_mailbox, name), type) and issubclass(cls, MailboxError)
+    }
+    assert set(table) == set(errors) - {"MailboxError"}
+    for name, statuses in table.items():
+        if name == "MailboxClosed":
+            for status in statuses:
+                closed = errors[name]("closed", status=Status(status))
+                assert (closed.status, closed.result["status"]) == (status, status)
+        else:
+            (status,) = statuses
+            refused = errors[name]("refused")
+            assert (refused.status, refused.result["status"]) == (status, status), name
+
+
+@pytest.mark.parametrize(
+    ("name", "builtin"),
+    [
+        ("WaitTimeout", TimeoutError),  # except TimeoutError: around a wait
+        ("UnexpectedMessage", AssertionError),  # pytest reports expect_none as a failed assert
+        ("ContractError", ValueError),
+        ("ExtractionError", ValueError),  # except ValueError: around link() or code()
+        ("ExposedSinkWarning", UserWarning),  # filterwarnings = ignore::UserWarning, say
+    ],
+)
+def test_each_exception_is_also_the_builtin_a_caller_catches(name: str, builtin: type) -> None:
+    assert issubclass(getattr(pytest_mailbox, name), builtin)

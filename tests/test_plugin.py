@@ -6,6 +6,7 @@ import fcntl
 import gc
 import html
 import importlib.metadata
+import io
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_mailbox import endpoint, plugin
-from pytest_mailbox.contract import MessageReceipt, Receipt, ReceiptEvent
+from pytest_mailbox.contract import MessageReceipt, Receipt, ReceiptEvent, dump_receipt
 from pytest_mailbox.endpoint import SmtpEndpoint
 from pytest_mailbox.receipts import format_table, read_receipts
 from pytest_mailbox.receipts import main as receipts_main
@@ -1873,6 +1874,38 @@ def test_receipts_cli_says_an_unknown_option_with_its_own_usage(tmp_path: Path) 
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        ([], "python -m pytest_mailbox: error: the following arguments are required: command"),
+        (["receipts"], "receipts: error: the following arguments are required: FILE"),
+        # an option given as --name=value, before the command: said where it goes too
+        (
+            ["--state=expired", "receipts", "r.jsonl"],
+            "receipts: error: unrecognized arguments: --state=expired (--state=expired: "
+            "options go after 'receipts')",
+        ),
+    ],
+)
+def test_receipts_cli_refuses_an_incomplete_command_line_with_a_usage_error(
+    tmp_path: Path, argv: list[str], error: str
+) -> None:
+    (tmp_path / "r.jsonl").write_text("")
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith(error)
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
 def test_receipts_cli_refuses_an_unknown_state(tmp_path: Path) -> None:
     (tmp_path / "r.jsonl").write_text("")
     argv = [sys.executable, "-m", "pytest_mailbox", "receipts", str(tmp_path / "r.jsonl")]
@@ -2782,6 +2815,50 @@ def test_a_receipts_timeline_names_its_state_and_close_reason() -> None:
     assert receipt.timeline().splitlines() == [
         "mailbox a@mailbox.test (mbx-1, run r-1, purpose mail): released, released_success",
         "  +   1.500s  claimed          m-1",
+    ]
+
+
+def test_the_receipts_command_aligns_its_columns_and_times_only_the_runs_it_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each column as wide as its widest cell, two spaces apart, no trailing blanks; a run
+    whose mailbox could not be closed (its store file was replaced) has "-" for its close
+    reason; --timeline prints the timelines of the runs in the table, not of the others."""
+    done = _receipt(
+        nodeid="t.py::test_a[long]",
+        close_reason="released_success",
+        messages=[MessageReceipt(message_id="m-1", received_at=AT, subject="s", state="consumed")],
+        events=[ReceiptEvent(at=AT + timedelta(seconds=2), status="consumed", detail="m-1")],
+    )
+    held = _receipt(
+        run_id="r-22",
+        nodeid="t.py::test_b",
+        address="bb@mailbox.test",
+        state="claimed",
+        events=[ReceiptEvent(at=AT + timedelta(seconds=1), status="claimed", detail="m-2")],
+    )
+    path = tmp_path / "r.jsonl"
+    path.write_text(f"{dump_receipt(done)}\n{dump_receipt(held)}\n", encoding="utf-8")
+
+    assert receipts_main(["receipts", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "test                run_id  address          state     close_reason      msgs  consumed",
+        "------------------  ------  ---------------  --------  ----------------  ----  --------",
+        "t.py::test_a[long]  r-1     a@mailbox.test   released  released_success  1     1",
+        "t.py::test_b        r-22    bb@mailbox.test  claimed   -                 0     0",
+        "2 receipt(s)",
+    ]  # fmt: skip
+    out = io.StringIO()  # main() writes where it is told, not to sys.stdout
+    assert receipts_main(["receipts", str(path), "--state", "claimed", "--timeline"], out) == 0
+    assert capsys.readouterr().out == ""
+    assert out.getvalue().splitlines() == [
+        "test          run_id  address          state    close_reason  msgs  consumed",
+        "------------  ------  ---------------  -------  ------------  ----  --------",
+        "t.py::test_b  r-22    bb@mailbox.test  claimed  -             0     0",
+        "",
+        "mailbox bb@mailbox.test (mbx-1, run r-22, purpose mail): claimed",
+        "  +   1.000s  claimed          m-2",
+        "1 receipt(s)",
     ]
 
 

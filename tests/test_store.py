@@ -943,7 +943,7 @@ def test_wait_for_one_match_in_an_overdue_mailbox_raises_mailbox_closed(
         mailbox.wait_for(subject="Verify your account", timeout=0)
 
     assert closed.value.status is Status.EXPIRED
-    assert closed.value.result["mailbox_id"] == mailbox.mailbox_id
+    assert closed.value.result == {"status": "expired", "mailbox_id": mailbox.mailbox_id}
     assert [e["status"] for e in store.events(mailbox.mailbox_id)] == [
         "reserved",
         "received",
