@@ -169,6 +169,56 @@ def test_a_claim_acked_at_teardown_says_so_in_the_receipts_timeline(
     )
 
 
+THREADED_WAITS = """
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from pytest_mailbox import store
+
+# The checkpointer's own connection opens on its thread whenever it starts: not counted.
+store.CHECKPOINT_EVERY = sys.maxsize
+
+
+@pytest.mark.parametrize("n", range(40))
+def test_waits_in_a_thread(isolated_mailbox, mailbox_store, send, n):
+    files = {str(mailbox_store.path), f"{mailbox_store.path}-wal"}
+    fds = [f for f in os.listdir("/proc/self/fd") if _target(f) in files]
+    with open("fds.txt", "a") as out:
+        out.write(f"{len(fds)}\\n")
+    send(isolated_mailbox.address)
+    claimed = []
+    waiter = threading.Thread(target=lambda: claimed.append(isolated_mailbox.wait_for()))
+    waiter.start()
+    waiter.join()
+    claimed[0].ack()
+
+
+def _target(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the descriptor listdir itself had open
+        return ""
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_tests_that_wait_from_threads_of_their_own_hold_no_more_descriptors_as_they_go(
+    pytester: pytest.Pytester,
+) -> None:
+    """Each thread that used the store kept its two connections open to the run's end: a
+    suite of tests that wait from threads ran out of file descriptors."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(test_threads=THREADED_WAITS)
+    result = pytester.runpytest_subprocess("-n", "0", "-p", "no:cacheprovider")  # its own fds
+    result.assert_outcomes(passed=40)
+    counts = [int(line) for line in (pytester.path / "fds.txt").read_text().splitlines()]
+    assert counts[2:] == [counts[2]] * 38  # the sink's and the first thread's opened by then
+
+
 #: What pytest-rerunfailures does, in brief: run a failed test's whole protocol again, on
 #: the same item (its user_properties kept), and report only the last attempt.
 RERUN_CONFTEST = """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import threading
 from contextlib import closing
 from email.message import EmailMessage
 from pathlib import Path
@@ -1388,8 +1389,36 @@ def test_a_store_used_as_a_context_manager_closes_its_connections(tmp_path: Path
     """Python 3.13 warns (ResourceWarning) of a SQLite connection collected unclosed."""
     with Store(tmp_path / "store.sqlite3") as store:
         reserve_mailbox(store)
-        opened = list(store._connections)
+        opened = [conn for _, conn in store._connections]
     assert opened
     for conn in opened:
         with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
             conn.execute("SELECT 1")
+
+
+def test_a_threads_connections_are_closed_once_another_thread_opens_its_own(
+    store: Store,
+) -> None:
+    """A test that waits from a thread of its own (or ``AgentTools.acall``, in each async
+    test's new executor) left its thread's two connections open until the run's end: two
+    file descriptors each, and a page cache, test after test."""
+    opened: list[tuple[sqlite3.Connection, sqlite3.Connection]] = []
+
+    def one_test() -> None:
+        mailbox = reserve_mailbox(store, run_id=f"r-{len(opened)}")
+        deliver(store, mailbox)
+        mailbox.wait_for(timeout=0).ack()
+        opened.append((store._conn(), store._conn(writer=True)))  # the ones it used
+
+    for _ in range(30):
+        thread = threading.Thread(target=one_test)
+        thread.start()
+        thread.join()
+
+    for conns in opened[:-1]:
+        for conn in conns:
+            with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+                conn.execute("SELECT 1")
+    for conn in opened[-1]:  # the last thread's: no thread has opened one since
+        assert tuple(conn.execute("SELECT 1").fetchone()) == (1,)
+    assert len(store._connections) == 4  # this thread's and the last one's

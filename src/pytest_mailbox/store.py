@@ -399,7 +399,8 @@ class Store:
         self.wal_limit = wal_limit
         self._wal = Path(f"{self.path}-wal")
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
+        #: Every connection this handle opened, with the thread it is that thread's for.
+        self._connections: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         self._commits = 0
         self._next_sweep = -math.inf  # see SWEEP_EVERY
@@ -451,13 +452,30 @@ class Store:
         key = "writer" if writer else "reader"
         conn: sqlite3.Connection | None = getattr(self._local, key, None)
         if conn is None:
-            # Each thread uses its own connections; only close() reaches across threads.
+            # Each thread uses its own connections; only close() and the next thread's
+            # first connection reach across threads.
             conn = _connect(self.path, timeout=0.0 if writer else self._busy_timeout)
             conn.row_factory = sqlite3.Row
             setattr(self._local, key, conn)
             with self._lock:
-                self._connections.append(conn)
+                self._close_ended()
+                self._connections.append((threading.current_thread(), conn))
         return conn
+
+    def _close_ended(self) -> None:
+        """Close the connections of threads that have ended (the lock held): a test that
+        waits from a thread of its own, ``AgentTools.acall`` in each async test's new
+        executor, a sink started again. Nothing else closes them before ``close()``, and
+        each kept its file descriptors and its page cache: two connections a thread. The
+        main thread's stay: it counts as ended once the interpreter begins to exit, and
+        may still use them then (an ``atexit`` handler)."""
+        kept = []
+        for thread, conn in self._connections:
+            if thread.is_alive() or thread is threading.main_thread():
+                kept.append((thread, conn))
+            else:
+                conn.close()
+        self._connections[:] = kept
 
     @contextmanager
     def _write(self, *, wait: bool = True, give_up: threading.Event | None = None) -> Iterator[_Tx]:
@@ -633,7 +651,7 @@ class Store:
     def close(self) -> None:
         """Close every connection this handle opened (from any thread)."""
         with self._lock:
-            for conn in self._connections:
+            for _, conn in self._connections:
                 conn.close()
             self._connections.clear()
             checkpointer, self._checkpointer = self._checkpointer, None
