@@ -20,6 +20,7 @@ back redacted, and the test side reads the real value with ``AgentTools.reveal``
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -368,7 +369,16 @@ _TOOLS = (
 
 
 def _schema(model: type[BaseModel], *, strict: bool) -> dict[str, Any]:
-    """The model's JSON schema, ``$ref``s inlined, titles dropped; ``strict`` requires all."""
+    """The model's JSON schema, ``$ref``s inlined, titles dropped; ``strict`` requires all.
+
+    A copy of its own each time, made from the text built once: pydantic takes about a
+    millisecond to build each, and a test gives its agent the definitions every time."""
+    loaded: dict[str, Any] = json.loads(_schema_text(model, strict))
+    return loaded
+
+
+@functools.cache
+def _schema_text(model: type[BaseModel], strict: bool) -> str:
     raw = model.model_json_schema()
     defs = raw.pop("$defs", {})
 
@@ -395,7 +405,7 @@ def _schema(model: type[BaseModel], *, strict: bool) -> dict[str, Any]:
 
     schema: dict[str, Any] = clean(raw)
     schema.pop("description", None)  # the tool's description says it
-    return schema
+    return json.dumps(schema)
 
 
 _ANSWER_SCHEMA = _schema(Answer, strict=False)
@@ -443,6 +453,9 @@ class _Journal:
         # One short connection per operation: tools are called from any thread.
         conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         try:
+            # As the store's: no fsync at each commit. A process that dies loses nothing;
+            # a power cut might, in a file that lives for one run.
+            conn.execute("PRAGMA synchronous=OFF")
             if write:
                 conn.execute("BEGIN IMMEDIATE")
             yield conn
