@@ -578,6 +578,20 @@ def test_a_pattern_of_the_tests_own_looks_inside_an_html_bodys_links() -> None:
     assert both.code(pattern=r"code=(\d+)") == "111111"
 
 
+def test_an_html_bodys_links_are_looked_in_when_its_text_has_no_match_only() -> None:
+    """A pattern that found the one code of an HTML mail's text finds it still: the number
+    of an unsubscribe link beside it is no second candidate (ExtractionError, "2 distinct
+    codes", once hrefs were searched with the text); one aimed at a link finds it there."""
+    html = (
+        "<p>Your code is 482913.</p>"
+        '<p><a href="https://app.example.test/unsubscribe?user=771234">Unsubscribe</a></p>'
+    )
+    message = Message(build(html=html), message_id="m-1")
+
+    assert message.code(pattern=r"\b(\d{6})\b") == "482913"
+    assert message.code(pattern=r"user=(\d+)") == "771234"
+
+
 def test_code_found_in_subject_and_body_counts_once() -> None:
     message = plain("Use 482913 to sign in.", subject="482913 is your code")
 

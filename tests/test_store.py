@@ -7,10 +7,12 @@ is reached by moving the clock, never by sleeping.
 
 from __future__ import annotations
 
+import _thread
 import hashlib
 import os
 import sqlite3
 import threading
+import warnings
 from contextlib import closing
 from email.message import EmailMessage
 from pathlib import Path
@@ -1389,7 +1391,7 @@ def test_a_store_used_as_a_context_manager_closes_its_connections(tmp_path: Path
     """Python 3.13 warns (ResourceWarning) of a SQLite connection collected unclosed."""
     with Store(tmp_path / "store.sqlite3") as store:
         reserve_mailbox(store)
-        opened = [conn for _, conn in store._connections]
+        opened = [conn for _, _, conn in store._connections]
     assert opened
     for conn in opened:
         with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
@@ -1422,3 +1424,64 @@ def test_a_threads_connections_are_closed_once_another_thread_opens_its_own(
     for conn in opened[-1]:  # the last thread's: no thread has opened one since
         assert tuple(conn.execute("SELECT 1").fetchone()) == (1,)
     assert len(store._connections) == 4  # this thread's and the last one's
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a child forked with the store open")
+def test_a_forked_child_closes_no_connection_of_its_parent(store: Store) -> None:
+    """A child a test forks (an app server, a multiprocessing worker) inherits the list of
+    the store's connections, and there every thread of its parent counts as ended: its
+    first thread to use the store closed the connections of threads still at work in the
+    parent (SQLite: a child never uses one it inherited, closing included), and raised
+    (AssertionError, RuntimeError on 3.13) on one of a thread ``threading`` did not start."""
+    reserve_mailbox(store)
+    used, working, finish = threading.Event(), threading.Event(), threading.Event()
+
+    def foreign() -> None:  # a thread that threading did not start: a C library's, say
+        store.data_version()
+        used.set()
+
+    def at_work() -> None:  # the parent's: the sink's, say
+        store.data_version()
+        working.set()
+        finish.wait()
+
+    _thread.start_new_thread(foreign, ())
+    used.wait()
+    parent = threading.Thread(target=at_work)
+    parent.start()
+    working.wait()
+    inherited = [entry[-1] for entry in store._connections]  # (…, connection)
+    ready, told = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: threads
+            pid = os.fork()
+        if pid == 0:  # the child: says what it saw, and leaves without pytest's teardown
+            said = b"?"
+            try:
+                seen: list[str] = []
+                child = threading.Thread(target=lambda: seen.append(str(store.data_version())))
+                child.start()
+                child.join()
+                closed = [c for c in inherited if _is_closed(c)]
+                said = f"{len(seen)} call(s), {len(closed)} inherited connection(s) closed"
+                said = said.encode()
+            finally:
+                os.write(told, said)
+                os._exit(0)
+        os.close(told)
+        assert os.read(ready, 200) == b"1 call(s), 0 inherited connection(s) closed"
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        finish.set()
+        parent.join()
+        os.close(ready)
+    assert not any(_is_closed(conn) for conn in inherited)  # the parent's own, untouched
+
+
+def _is_closed(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.in_transaction  # noqa: B018 - sqlite3 refuses it on a closed connection alone
+    except sqlite3.ProgrammingError:
+        return True
+    return False

@@ -1514,9 +1514,13 @@ class Message:
         texts: tuple[str, ...] = (self.body_text, self.subject)
         if pattern is None:
             texts = tuple(_URL_IN_TEXT.sub(" ", text) for text in texts)
-        elif not self.text.strip():  # the HTML body is searched: its links are in its hrefs
-            texts += tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
         values = self._codes(source, texts, given=pattern is not None)
+        if not values and pattern is not None and not self.text.strip():
+            # The HTML body was searched: its links are in its hrefs, which its text leaves
+            # out. Looked in only when the text has no match: a pattern that found the one
+            # code of the text (r"(\d{6})") finds it still, beside an unsubscribe link's id.
+            hrefs = tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
+            values = self._codes(source, hrefs, given=True)
         if not values and pattern is None:
             values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
         result: dict[str, Any] = {

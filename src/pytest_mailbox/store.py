@@ -399,8 +399,9 @@ class Store:
         self.wal_limit = wal_limit
         self._wal = Path(f"{self.path}-wal")
         self._local = threading.local()
-        #: Every connection this handle opened, with the thread it is that thread's for.
-        self._connections: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        #: Every connection this handle opened, with the thread it is that thread's for and
+        #: the process that opened it (a child a test forks inherits the list).
+        self._connections: list[tuple[threading.Thread, int, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         self._commits = 0
         self._next_sweep = -math.inf  # see SWEEP_EVERY
@@ -459,7 +460,7 @@ class Store:
             setattr(self._local, key, conn)
             with self._lock:
                 self._close_ended()
-                self._connections.append((threading.current_thread(), conn))
+                self._connections.append((threading.current_thread(), os.getpid(), conn))
         return conn
 
     def _close_ended(self) -> None:
@@ -468,11 +469,18 @@ class Store:
         executor, a sink started again. Nothing else closes them before ``close()``, and
         each kept its file descriptors and its page cache: two connections a thread. The
         main thread's stay: it counts as ended once the interpreter begins to exit, and
-        may still use them then (an ``atexit`` handler)."""
+        may still use them then (an ``atexit`` handler).
+
+        Only this process's: in a child a test forked, the parent's threads all count as
+        ended (a thread ``threading`` did not start even raises when asked), yet their
+        connections are the parent's, in use there, and SQLite's rule is that a child never
+        uses one it inherited, closing included: one caught in a write transaction would
+        roll it back on the shared-memory index the parent still writes."""
+        pid = os.getpid()
         kept = []
-        for thread, conn in self._connections:
-            if thread.is_alive() or thread is threading.main_thread():
-                kept.append((thread, conn))
+        for thread, owner, conn in self._connections:
+            if owner != pid or thread is threading.main_thread() or thread.is_alive():
+                kept.append((thread, owner, conn))
             else:
                 conn.close()
         self._connections[:] = kept
@@ -651,7 +659,7 @@ class Store:
     def close(self) -> None:
         """Close every connection this handle opened (from any thread)."""
         with self._lock:
-            for _, conn in self._connections:
+            for _, _, conn in self._connections:
                 conn.close()
             self._connections.clear()
             checkpointer, self._checkpointer = self._checkpointer, None
