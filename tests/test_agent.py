@@ -1923,6 +1923,21 @@ def test_definitions_are_the_callers_own_to_change(isolated_mailbox: Mailbox) ->
     )
 
 
+def test_mcp_definitions_output_schemas_are_the_callers_own_to_change(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """The answer's schema of every MCP definition was one dict, of the module: a harness
+    that edited one tool's ``outputSchema`` changed every tool's, in every later call."""
+    tools = isolated_mailbox.agent_tools()
+    first = tools.definitions("mcp")
+    first[0]["outputSchema"]["required"].append("extra")
+    first[0]["outputSchema"]["properties"].pop("status")
+
+    for definition in [*first[1:], *tools.definitions("mcp")]:
+        assert definition["outputSchema"]["required"] == ["status", "next_action"]
+        assert set(definition["outputSchema"]["properties"]) == set(Answer.model_fields)
+
+
 def test_the_journal_does_not_sync_at_each_commit(
     isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:

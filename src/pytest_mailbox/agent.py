@@ -408,9 +408,6 @@ def _schema_text(model: type[BaseModel], strict: bool) -> str:
     return json.dumps(schema)
 
 
-_ANSWER_SCHEMA = _schema(Answer, strict=False)
-
-
 # -- evidence ---------------------------------------------------------------------------------
 
 
@@ -774,7 +771,7 @@ class AgentTools:
             else:
                 found.append(
                     {**about, "title": tool.title, "inputSchema": schema}
-                    | {"outputSchema": _ANSWER_SCHEMA}
+                    | {"outputSchema": _schema(Answer, strict=False)}  # each its own
                 )
         return found
 
