@@ -1492,7 +1492,8 @@ class Message:
 
     def code(self, pattern: str | None = None) -> str:
         """The one distinct code matching ``pattern`` (group 1 if it has one) in body or subject
-        (a ``pattern`` given also looks inside links: an HTML body's hrefs too).
+        (a ``pattern`` given also looks inside links: an HTML body's hrefs, where its text
+        has no match).
 
         Zero or several distinct values raise ExtractionError; values are shown masked only.
         """
