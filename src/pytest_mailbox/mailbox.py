@@ -475,7 +475,7 @@ class Mailbox:
         Marks the mailbox waiting, as ``wait_for`` does (the agent's ``wait_for_message``).
         Setting ``stop`` ends the wait at the next poll, with one more look."""
         selector = Selector()
-        self._mark_waiting(selector)
+        self._mark_waiting(_describe(selector))
         deadline = time.monotonic() + timeout
 
         def steps() -> Generator[_Pause, None, list[tuple[MessageRow, Message]]]:
@@ -524,7 +524,7 @@ class Mailbox:
                     self._record_waiting(described)
                 listed = ", ".join(f"{m.message_id} ({self._subject(m)!r})" for m in matches)
                 msg = (
-                    f"{len(matches)} messages for {self.address} match {_describe(chosen)}: "
+                    f"{len(matches)} messages for {self.address} match {described}: "
                     f"{listed}; make the selector stricter (subject=, header=, received_after=)"
                 )
                 raise AmbiguousMatch(
@@ -541,8 +541,7 @@ class Mailbox:
                 # Once, before the first pause. Then look again from after it: a pause point
                 # taken before this write would count it as news and wake at the first look.
                 # (Not if a wait for the same, begun at once in another thread, marked it.)
-                if self._waiting != described:
-                    self._record_waiting(described)
+                self._mark_waiting(described)
                 marked = True
                 continue
             if pause is None:  # a refused claim at the first look: look again, then pause
@@ -669,10 +668,9 @@ class Mailbox:
                 describe_validation_error("selector", exc, SELECTOR_FIELDS, own=own)
             ) from None
 
-    def _mark_waiting(self, selector: Selector) -> None:
+    def _mark_waiting(self, described: str) -> None:
         """The timeline's ``waiting`` step, unless the last one since a claim was for this
         (the agent's repeated ``wait_for_message``)."""
-        described = _describe(selector)
         if self._waiting != described:
             self._record_waiting(described)
 
