@@ -2200,7 +2200,7 @@ def test_mcp_server_refuses_a_damaged_store_without_a_traceback(
     assert err.splitlines()[-1] == (
         f"python -m pytest_mailbox.mcp_server: error: the store {path} failed: database disk "
         "image is malformed (is its disk full, or did another program change or remove the "
-        "file?); nothing of this call was stored"
+        "file?); no store was opened"
     )
 
 

@@ -168,6 +168,8 @@ _SECRETS_SQL = "SELECT * FROM secrets WHERE mailbox_id = ?"
 _AT_CLOSE = ", acked at close as a success, not by ack()"
 #: What a failed write tells: it was all one transaction, rolled back.
 _NOTHING_STORED = "nothing of this call was stored"
+#: What a failure while a store is opened tells.
+_NOT_OPENED = "no store was opened"
 
 #: An earlier version's ``events`` (a rowid table and an index): its rows, in the new table.
 _EVENTS_V1_TO_V2 = f"""
@@ -410,14 +412,19 @@ class Store:
         self._backoff = TRUNCATE_BACKOFF
         self._checkpointing = False  # the last try at truncating found a checkpoint running
         self._checkpointer: _Checkpointer | None = None
+        #: What a failed write says of itself: while the schema is read or made, that no
+        #: store was opened (the caller's call never began); then, that its one
+        #: transaction was rolled back.
+        self._outcome = _NOT_OPENED
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._open()
         except BaseException as exc:  # no handle to close its connections afterwards
             self.close()
             if isinstance(exc, sqlite3.Error):
-                raise self._failed(exc, "no store was opened") from exc
+                raise self._failed(exc, _NOT_OPENED) from exc
             raise
+        self._outcome = _NOTHING_STORED
 
     def _open(self) -> None:
         """Create or migrate the schema, and read the digests' key."""
@@ -509,7 +516,7 @@ class Store:
         try:
             conn = self._conn(writer=True)
         except sqlite3.Error as exc:  # a file that is no SQLite database, say
-            raise self._failed(exc, _NOTHING_STORED) from exc
+            raise self._failed(exc, self._outcome) from exc
         if wait and self._wal_over:
             # Before the transaction, not after its commit: its caller reads the clock in
             # it (a lease, a ttl), and time spent truncating would come off what it grants.
@@ -533,7 +540,7 @@ class Store:
                     if not wait or (give_up is not None and give_up.is_set()):
                         raise StoreBusy(str(exc)) from None
                     if "locked" not in str(exc):
-                        raise self._failed(exc, _NOTHING_STORED) from exc
+                        raise self._failed(exc, self._outcome) from exc
                     if next(pauses, False) is False:
                         msg = (
                             f"the store {self.path} stayed locked by another connection for "
@@ -550,7 +557,7 @@ class Store:
                 with suppress(sqlite3.Error):  # an I/O error may have ended it already
                     conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise self._failed(exc, _NOTHING_STORED) from exc
+                raise self._failed(exc, self._outcome) from exc
             raise
         finally:
             self._local.writing = outer
