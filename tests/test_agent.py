@@ -2322,6 +2322,54 @@ def test_mcp_server_cuts_a_wait_short_when_its_client_closes_stdin(
 
 
 @SIGNUP
+def test_mcp_server_answers_every_request_it_read_before_its_client_closed_stdin(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A client may close stdin right after its last request (``printf … | server``, or a
+    client that shuts down by closing stdin first, as MCP's stdio transport says): each
+    request read is still answered, a claim's fence included, before the server exits."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.welcome(isolated_mailbox.address)  # no code in it: a wait for one waits on
+    client = {"name": "sh", "version": "1"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+
+    def call(id_: int | str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        params = {"name": name, "arguments": arguments}
+        return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
+
+    session = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        call(2, "reserve_mailbox", {"purpose": "signup", "ttl": 60}),
+        call("3", "claim_message", {"fixture_id": own, "selector": {}}),
+        call(4, "wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 60}),
+    ]
+    sent = "".join(json.dumps(message) + "\n" for message in session).encode()
+
+    # stdin is closed once the session is written; the wait is cut short by that
+    done = subprocess.run(tools.mcp_command(), input=sent, capture_output=True, check=False)
+
+    assert done.returncode == 0, done.stderr.decode()
+    answers = {a["id"]: a for a in map(json.loads, done.stdout.splitlines())}
+    assert sorted(answers, key=str) == [0, 1, 2, "3", 4]
+    served = {i: a["result"]["structuredContent"] for i, a in answers.items() if i not in (0, 1)}
+    assert [served[i]["status"] for i in (2, "3", 4)] == ["reserved", "claimed", "waiting"]
+    (message,) = isolated_mailbox.store.messages(own)
+    assert served["3"]["fence"] == message.fence  # the agent learns the claim it holds
+    assert served[4]["reason"] == (
+        "the wait was cut short: the toolset closed (its server is shutting down)"
+    )
+    # the calls run at once, in any order
+    assert sorted((e.tool, e.status) for e in tools.evidence()) == [
+        ("claim_message", "claimed"),
+        ("reserve_mailbox", "reserved"),
+        ("wait_for_message", "waiting"),
+    ]
+
+
+@SIGNUP
 def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
     tools = isolated_mailbox.agent_tools()
     command = tools.mcp_command()

@@ -6,7 +6,8 @@ serves the tools that the run's test made with ``isolated_mailbox.agent_tools()`
 journal. Every answer is a result with ``structuredContent``; refusals such as
 ``policy_denied`` or ``budget_exceeded`` are ordinary results, never ``isError``, so the
 agent can read their ``next_action``. When the client closes stdin, a ``wait_for_message``
-in progress is cut short, so the server exits at once rather than when the wait would end.
+in progress is cut short, so the server exits at once rather than when the wait would end,
+and only once every request it read has been answered.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pytest_mailbox.store import Store
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
-    from mcp.shared._stream_protocols import ReadStream
+    from mcp.shared._stream_protocols import ReadStream, WriteStream
     from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult
 
 __all__ = ["build_server", "main", "serve"]
@@ -88,13 +89,101 @@ def build_server(tools: AgentTools) -> Server[Any]:
 _T = TypeVar("_T")
 
 
+class _Unanswered:
+    """The requests read from the client that are neither answered nor cancelled by it.
+
+    The SDK takes the end of stdin for a client that is gone, and cancels the requests in
+    progress, answers included. But a client may close stdin as soon as it has written its
+    last request (``printf … | python -m pytest_mailbox.mcp_server``, or a client that
+    shuts down, as MCP's stdio transport says, by closing stdin first): its calls ran, a
+    claim or an ack was made, and their answers were lost. So the end of stdin is passed
+    on only once each request read has been answered.
+    """
+
+    def __init__(self) -> None:
+        import anyio  # noqa: PLC0415
+
+        self._ids: set[object] = set()
+        self._changed = anyio.Event()
+
+    @staticmethod
+    def _key(request_id: object) -> object:
+        from mcp.shared.dispatcher import coerce_request_id  # noqa: PLC0415
+
+        # As the SDK correlates them: "7" and 7 are one id.
+        return coerce_request_id(request_id) if isinstance(request_id, (int, str)) else None
+
+    def read(self, item: object) -> None:
+        from mcp import types  # noqa: PLC0415
+
+        message = getattr(item, "message", None)
+        if isinstance(message, types.JSONRPCRequest):
+            self._ids.add(self._key(message.id))
+        elif (
+            isinstance(message, types.JSONRPCNotification)
+            and message.method == "notifications/cancelled"  # never answered (MCP's rule)
+        ):
+            self._done(self._key((message.params or {}).get("requestId")))
+
+    def written(self, item: object) -> None:
+        from mcp import types  # noqa: PLC0415
+
+        message = getattr(item, "message", None)
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            self._done(self._key(message.id))
+
+    def _done(self, key: object) -> None:
+        if key in self._ids:
+            self._ids.discard(key)
+            self._changed.set()
+
+    async def drained(self) -> None:
+        import anyio  # noqa: PLC0415
+
+        while self._ids:
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+
+class _Answering(Generic[_T]):
+    """A write stream that tells ``unanswered`` of each answer once it is written."""
+
+    def __init__(self, stream: WriteStream[_T], unanswered: _Unanswered) -> None:
+        self._stream = stream
+        self._unanswered = unanswered
+
+    async def send(self, item: _T, /) -> None:
+        try:
+            await self._stream.send(item)
+        finally:  # written, or never will be (the client went away): not waited for
+            self._unanswered.written(item)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _Answering[_T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
 class _Watched(Generic[_T]):
     """A read stream that calls ``ended`` once it has nothing more to give (the client
-    closed stdin): the server then waits for the calls in progress, which must not block."""
+    closed stdin): the calls in progress are cut short, and the end is passed on once
+    each request read has been answered (``unanswered``)."""
 
-    def __init__(self, stream: ReadStream[_T], ended: Callable[[], None]) -> None:
+    def __init__(
+        self, stream: ReadStream[_T], ended: Callable[[], None], unanswered: _Unanswered
+    ) -> None:
         self._stream = stream
         self._ended = ended
+        self._unanswered = unanswered
 
     @property
     def last_context(self) -> object:
@@ -104,10 +193,16 @@ class _Watched(Generic[_T]):
         import anyio  # noqa: PLC0415
 
         try:
-            return await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            item = await self._stream.receive()
+        except anyio.EndOfStream:
+            self._ended()
+            await self._unanswered.drained()
+            raise
+        except anyio.ClosedResourceError:
             self._ended()
             raise
+        self._unanswered.read(item)
+        return item
 
     async def aclose(self) -> None:
         self._ended()
@@ -143,8 +238,10 @@ async def serve(tools: AgentTools) -> None:
     server = build_server(tools)
     try:
         async with stdio_server() as (read, write):
-            watched = _Watched(read, tools.close)  # stdin closed: cut short a wait
-            await server.run(watched, write, server.create_initialization_options())
+            unanswered = _Unanswered()
+            watched = _Watched(read, tools.close, unanswered)  # stdin closed: cut short a wait
+            answering = _Answering(write, unanswered)
+            await server.run(watched, answering, server.create_initialization_options())
     finally:
         tools.close()
 
