@@ -2369,6 +2369,55 @@ def test_mcp_server_answers_every_request_it_read_before_its_client_closed_stdin
     ]
 
 
+@pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, max_reads=50)
+def test_mcp_server_answers_a_ping_while_forty_waits_block(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    """Forty waits at once took all of anyio's default worker threads, which also read
+    stdin and write stdout: the server answered no ping, and saw neither a cancellation
+    nor the end of stdin, until a wait returned (up to a minute)."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    client = {"name": "test", "version": "1"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    wait = {"fixture_id": own, "kind": "code", "timeout": 60}
+    waits = [
+        {"jsonrpc": "2.0", "id": i, "method": "tools/call"}
+        | {"params": {"name": "wait_for_message", "arguments": wait}}
+        for i in range(1, 41)  # anyio's default: 40 worker threads
+    ]
+    pipe = subprocess.PIPE
+    with (
+        (tmp_path / "stderr").open("wb") as stderr,
+        subprocess.Popen(tools.mcp_command(), stdin=pipe, stdout=pipe, stderr=stderr) as server,
+    ):
+        assert server.stdin is not None
+        assert server.stdout is not None
+        initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+        server.stdin.write(json.dumps(initialize).encode() + b"\n")
+        server.stdin.flush()
+        assert json.loads(server.stdout.readline())["id"] == 0
+        for message in [{"jsonrpc": "2.0", "method": "notifications/initialized"}, *waits]:
+            server.stdin.write(json.dumps(message).encode() + b"\n")
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", "id": "ping", "method": "ping"}).encode())
+        server.stdin.write(b"\n")
+        server.stdin.flush()
+        # the forty waits block in their threads; the ping is answered all the same
+        assert json.loads(server.stdout.readline()) == {
+            "jsonrpc": "2.0",
+            "id": "ping",
+            "result": {},
+        }
+        server.stdin.close()  # seen at once: every wait is cut short, and answered
+        answers = [json.loads(line) for line in server.stdout.read().splitlines()]
+        assert server.wait() == 0
+
+    assert sorted(a["id"] for a in answers) == list(range(1, 41))
+    assert {a["result"]["structuredContent"]["reason"] for a in answers} == {
+        "the wait was cut short: the toolset closed (its server is shutting down)"
+    }
+
+
 @SIGNUP
 def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
     tools = isolated_mailbox.agent_tools()

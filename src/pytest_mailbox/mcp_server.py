@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["build_server", "main", "serve"]
 
 _MISSING = "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
+#: The most tool calls that run at once, each in a worker thread; more wait their turn.
+_CALL_THREADS = 40
 
 
 def build_server(tools: AgentTools) -> Server[Any]:
@@ -63,12 +65,21 @@ def build_server(tools: AgentTools) -> Server[Any]:
     # request keeps one id within its session.
     prefix = f"mcp-{secrets.token_hex(6)}-"
 
+    # A wait blocks: each call runs in a thread so the session keeps answering pings. Not
+    # in anyio's default threads, which also read stdin and write stdout: 40 calls that
+    # block at once (waits, a store another process holds locked) took them all, and
+    # until one returned nothing was read (a ping, a cancellation, stdin's end) or written.
+    calls = anyio.CapacityLimiter(_CALL_THREADS)
+
     async def call_tool(
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
-        # A wait blocks: run it in a thread so the session keeps answering pings.
         answer = await anyio.to_thread.run_sync(
-            tools.call, params.name, params.arguments or {}, f"{prefix}{ctx.request_id}"
+            tools.call,
+            params.name,
+            params.arguments or {},
+            f"{prefix}{ctx.request_id}",
+            limiter=calls,
         )
         return types.CallToolResult(
             content=[types.TextContent(text=json.dumps(answer))], structured_content=answer
