@@ -2419,6 +2419,60 @@ def test_mcp_server_answers_a_ping_while_forty_waits_block(
 
 
 @SIGNUP
+def test_mcp_server_answers_a_request_it_cannot_read_with_an_error(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    """The SDK drops a line it cannot read (JSON beyond its parser: a number of 5,000
+    digits, arguments 300 levels deep, a lone surrogate, a line cut off; or no MCP request),
+    and a request on it was never answered: its client waited for ever. Each is answered
+    with JSON-RPC's error for its id, nothing runs, and the next request is served."""
+    tools = isolated_mailbox.agent_tools()
+    client = {"name": "test", "version": "1"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    call = '{"jsonrpc": "2.0", "method": "tools/call", "id": %s, "params": %s}'
+    reserve = '{"name": "reserve_mailbox", "arguments": {"purpose": %s, "ttl": %s}}'
+    unread = [
+        call % (1, reserve % ('"signup"', "9" * 5000)),
+        call % ('"2"', reserve % ("[" * 300 + "]" * 300, 60)),
+        call % (3, reserve % ('"\\ud800"', 60)),
+        (call % (4, reserve % ('"signup"', 60)))[:-1],  # cut off
+        call % (5, '["reserve_mailbox"]'),  # JSON, but params must be an object
+    ]
+    pipe = subprocess.PIPE
+    with (
+        (tmp_path / "stderr").open("wb") as stderr,
+        subprocess.Popen(tools.mcp_command(), stdin=pipe, stdout=pipe, stderr=stderr) as server,
+    ):
+        assert server.stdin is not None
+        assert server.stdout is not None
+        session = [
+            json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}),
+            json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            *unread,
+            json.dumps({"jsonrpc": "2.0", "id": "ping", "method": "ping"}),
+        ]
+        server.stdin.write("".join(line + "\n" for line in session).encode())
+        server.stdin.close()
+        answers = [json.loads(line) for line in server.stdout.read().splitlines()]
+        assert server.wait() == 0
+
+    assert [(a["id"], a.get("error", {}).get("code")) for a in answers] == [
+        (0, None),
+        (1, -32700),  # Parse error
+        ("2", -32700),
+        (3, -32700),
+        (4, -32700),
+        (5, -32600),  # Invalid Request
+        ("ping", None),
+    ]
+    # the parser's words, which quote nothing the client sent
+    assert answers[1]["error"]["message"].startswith(
+        "Parse error: Invalid JSON: number out of range at line 1 column "
+    )
+    assert tools.evidence() == []  # no call ran
+
+
+@SIGNUP
 def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
     tools = isolated_mailbox.agent_tools()
     command = tools.mcp_command()

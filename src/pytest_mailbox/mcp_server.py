@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import closing, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -184,17 +185,85 @@ class _Answering(Generic[_T]):
         await self.aclose()
 
 
+#: A JSON string, or a bracket: the tokens that ``_request_id`` steps through.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_KEY = re.compile(r"\s*:")
+#: An id as MCP has them: an integer or a string.
+_ID = re.compile(r'\s*:\s*(?:(-?[0-9]{1,18})(?![0-9.eE])|("[^"\\]*(?:\\.[^"\\]*)*"))')
+
+
+def _request_id(line: str) -> int | str | None:
+    """The id of the request on ``line``, a line that is no JSON the SDK reads; None if it
+    names no method or no id. Its top-level keys are found without parsing the rest: what
+    the SDK could not read (a number of 5,000 digits, arguments 300 levels deep) may be
+    too much for Python's json as well."""
+    depth, found, method = 0, None, False
+    for token in _JSON_TOKEN.finditer(line):
+        text = token.group()
+        if text in ("[", "{"):
+            depth += 1
+        elif text in ("]", "}"):
+            depth -= 1
+        elif depth == 1 and text == '"method"' and _KEY.match(line, token.end()):
+            method = True
+        elif depth == 1 and text == '"id"' and (value := _ID.match(line, token.end())):
+            number, string = value.groups()
+            with suppress(ValueError):  # UnicodeEncodeError: no UTF-8 to answer it in
+                candidate = int(number) if number is not None else json.loads(string)
+                if isinstance(candidate, str):
+                    candidate.encode()
+                found = candidate
+    return found if method and isinstance(found, (int, str)) else None
+
+
+def _unread(exc: Exception) -> tuple[int | str, int, str] | None:
+    """For a line the SDK could not read as a message: the id of the request on it, the
+    JSON-RPC error code and the message to answer it with; None if it is no request.
+
+    The SDK drops such a line, and a request on it was never answered: its client waited
+    for ever (or for its own timeout), though the agent's next call would have been read.
+    """
+    from mcp import types  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    if not isinstance(exc, ValidationError):
+        return None
+    for error in exc.errors(include_url=False):
+        given = error.get("input")
+        if error["type"] == "json_invalid" and isinstance(given, (str, bytes)):
+            text = given.decode(errors="replace") if isinstance(given, bytes) else given
+            found = _request_id(text)
+            code, message = types.PARSE_ERROR, f"Parse error: {error['msg']}"
+        elif len(error["loc"]) == 2 and isinstance(given, dict) and "method" in given:
+            # JSON, but no message MCP has (params that are not an object, say): the
+            # input of a field missing from the whole message is the message.
+            found = given.get("id")
+            code, message = types.INVALID_REQUEST, "Invalid Request: not an MCP request"
+        else:
+            continue
+        if isinstance(found, (int, str)) and not isinstance(found, bool):
+            return found, code, message
+        return None
+    return None
+
+
 class _Watched(Generic[_T]):
     """A read stream that calls ``ended`` once it has nothing more to give (the client
     closed stdin): the calls in progress are cut short, and the end is passed on once
-    each request read has been answered (``unanswered``)."""
+    each request read has been answered (``unanswered``). A line the SDK could not read
+    goes to ``refused``, which answers a request on it and says so."""
 
     def __init__(
-        self, stream: ReadStream[_T], ended: Callable[[], None], unanswered: _Unanswered
+        self,
+        stream: ReadStream[_T],
+        ended: Callable[[], None],
+        unanswered: _Unanswered,
+        refused: Callable[[Exception], Awaitable[bool]],
     ) -> None:
         self._stream = stream
         self._ended = ended
         self._unanswered = unanswered
+        self._refused = refused
 
     @property
     def last_context(self) -> object:
@@ -203,17 +272,19 @@ class _Watched(Generic[_T]):
     async def receive(self) -> _T:
         import anyio  # noqa: PLC0415
 
-        try:
-            item = await self._stream.receive()
-        except anyio.EndOfStream:
-            self._ended()
-            await self._unanswered.drained()
-            raise
-        except anyio.ClosedResourceError:
-            self._ended()
-            raise
-        self._unanswered.read(item)
-        return item
+        while True:
+            try:
+                item = await self._stream.receive()
+            except anyio.EndOfStream:
+                self._ended()
+                await self._unanswered.drained()
+                raise
+            except anyio.ClosedResourceError:
+                self._ended()
+                raise
+            if not (isinstance(item, Exception) and await self._refused(item)):
+                self._unanswered.read(item)
+                return item
 
     async def aclose(self) -> None:
         self._ended()
@@ -244,14 +315,30 @@ class _Watched(Generic[_T]):
 
 async def serve(tools: AgentTools) -> None:
     """Serve ``tools`` on stdin/stdout until the client closes the stream."""
+    import anyio  # noqa: PLC0415
+    from mcp import types  # noqa: PLC0415
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
+    from mcp.shared.message import SessionMessage  # noqa: PLC0415
 
     server = build_server(tools)
     try:
         async with stdio_server() as (read, write):
             unanswered = _Unanswered()
-            watched = _Watched(read, tools.close, unanswered)  # stdin closed: cut short a wait
             answering = _Answering(write, unanswered)
+
+            async def refused(exc: Exception) -> bool:
+                unread = _unread(exc)
+                if unread is None:
+                    return False
+                request_id, code, message = unread
+                error = types.ErrorData(code=code, message=message)
+                answer = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await answering.send(SessionMessage(answer))
+                return True
+
+            # stdin closed: cut short a wait
+            watched = _Watched(read, tools.close, unanswered, refused)
             await server.run(watched, answering, server.create_initialization_options())
     finally:
         tools.close()
