@@ -268,6 +268,76 @@ def test_a_rerun_reports_the_receipt_of_its_own_attempt_only(
     assert [json.loads(line)["run_id"] for line in lines] == [receipt.run_id]
 
 
+#: What pytest-retry (1.7) does, in brief: inside the failed call's makereport, tear the
+#: test down and set it up and call it again through the hooks, with no report of its own
+#: for those phases (no makereport, no logreport), until an attempt passes; the call's
+#: report then takes the last attempt's outcome. Its wrapper runs outside the plugin's
+#: when it is registered after it, inside it otherwise (entry points load in the order the
+#: environment lists them): {priority} picks which.
+RETRY_CONFTEST = """
+import pytest
+
+ATTEMPTS = 3
+
+
+@pytest.hookimpl(hookwrapper=True{priority})
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or call.excinfo is None:
+        return
+    hook = item.ihook
+    for _ in range(ATTEMPTS - 1):
+        hook.pytest_runtest_teardown(
+            item=item, nextitem=pytest.Class.from_parent(item.session, name="Fake")
+        )
+        item._initrequest()
+        hook.pytest_runtest_setup(item=item)
+        call = pytest.CallInfo.from_call(lambda: hook.pytest_runtest_call(item=item), "call")
+        retried = pytest.TestReport.from_item_and_call(item, call)
+        if retried.passed:
+            break
+    report.outcome, report.longrepr = retried.outcome, retried.longrepr
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize("priority", [", tryfirst=True", ""], ids=["retry-outside", "retry-inside"])
+def test_a_retry_that_reports_only_its_last_attempt_keeps_every_attempts_receipt(
+    pytester: pytest.Pytester, workers: str, priority: str
+) -> None:
+    """pytest-retry reports the phases of its earlier attempts to no one: their receipts
+    reach the report of the test's teardown beside the last one's, and the last attempt,
+    which passed, is a success whichever plugin's hook wraps the other's."""
+    pytester.makeconftest(SENDER_CONFTEST + RETRY_CONFTEST.format(priority=priority))
+    pytester.makepyfile(
+        """
+        ATTEMPTS = []
+
+        def test_flaky(isolated_mailbox, send, request):
+            ATTEMPTS.append(isolated_mailbox.run_id)
+            send(isolated_mailbox.address, subject=f"Verify attempt {len(ATTEMPTS)}")
+            isolated_mailbox.wait_for(subject_contains="Verify")  # claims it
+            request.node.user_properties.append(("attempt", isolated_mailbox.run_id))
+            assert len(ATTEMPTS) == 3, "fails twice"
+        """
+    )
+    result = pytester.runpytest(
+        "-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl"
+    )
+    result.assert_outcomes(passed=1)
+    ((props, receipts),) = _junit_cases(pytester.path / "junit.xml").values()
+    assert [(r.close_reason, [m.subject for m in r.messages]) for r in receipts] == [
+        ("released_error", ["Verify attempt 1"]),
+        ("released_error", ["Verify attempt 2"]),
+        ("released_success", ["Verify attempt 3"]),  # what it claimed is consumed
+    ]
+    assert [m.state for r in receipts for m in r.messages] == ["waiting", "waiting", "consumed"]
+    assert receipts[-1].run_id == props["attempt"]
+    lines = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == [r.run_id for r in receipts]
+
+
 def test_without_xdist(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(test_suite=USER_SUITE)

@@ -50,7 +50,9 @@ _closed_key = pytest.StashKey["list[tuple[Mailbox, tuple[str, str]]]"]()
 _failed_key = pytest.StashKey[bool]()
 _passed_key = pytest.StashKey[bool]()
 _in_call_key = pytest.StashKey[bool]()
-_attached_key = pytest.StashKey["list[tuple[str, object]]"]()  # this attempt's receipts
+#: The receipts the test attached that no teardown report has carried yet, and those one has.
+_attached_key = pytest.StashKey["list[tuple[str, object]]"]()
+_carried_key = pytest.StashKey["list[tuple[str, object]]"]()
 _fixed_sink_key = pytest.StashKey["MailSink"]()
 _stats_key = pytest.StashKey[dict[str, int]]()
 _foreign_key = pytest.StashKey[str]()  # another run shares the store: said at the end
@@ -513,11 +515,14 @@ class _Fixtures:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Each run of a test starts clean, reruns included (pytest-rerunfailures): an earlier
-    attempt's receipts leave ``user_properties``, which the item keeps across attempts
-    (each attempt's report carried them already)."""
-    for attached in item.stash.get(_attached_key, []):
+    attempt's receipts that its teardown report carried leave ``user_properties``, which
+    the item keeps across attempts. Those no report carried stay for the next one: a
+    plugin that sets the test up again without reporting the attempt before (pytest-retry)
+    would lose them."""
+    for attached in item.stash.get(_carried_key, []):
         item.user_properties[:] = [p for p in item.user_properties if p is not attached]
-    item.stash[_attached_key] = []
+    item.stash[_carried_key] = []
+    item.stash.setdefault(_attached_key, [])
     item.stash[_failed_key] = False
     item.stash[_passed_key] = False
     item.stash[_mailboxes_key] = []
@@ -661,12 +666,18 @@ class _MarkerCheck:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    """Mark the test's call as running, so its subtests' reports are told from its own."""
+    """Mark the test's call as running, so its subtests' reports are told from its own;
+    and whether it returned, which the call's report then judges (an xfail, say). A plugin
+    that calls the test again reports the new call to no one (pytest-retry), or makes the
+    earlier call's report say how the last one went, before or after the plugin sees it."""
     item.stash[_in_call_key] = True
+    item.stash[_passed_key] = False
     try:
-        return (yield)
+        result = yield
     finally:
         item.stash[_in_call_key] = False
+    item.stash[_passed_key] = True
+    return result
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: after xfail has had its say
@@ -679,8 +690,8 @@ def pytest_runtest_makereport(
     report = yield
     # A subtest's report is a "call" report too, made while the test's call still runs:
     # the test passed only if its own call report, made after the call, says so.
-    if report.when == "call" and report.passed and not item.stash.get(_in_call_key, False):
-        item.stash[_passed_key] = True
+    if report.when == "call" and not item.stash.get(_in_call_key, False):
+        item.stash[_passed_key] = report.passed
     if report.failed and report.when in ("setup", "call"):
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
@@ -691,6 +702,11 @@ def pytest_runtest_makereport(
         closed, item.stash[_closed_key] = item.stash.get(_closed_key, []), []
         if report.failed:  # a later fixture's teardown failed the test after its mailbox
             _teardown_failed(item, report, closed)
+        item.stash[_carried_key] = [
+            *item.stash.get(_carried_key, []),
+            *item.stash.get(_attached_key, []),
+        ]
+        item.stash[_attached_key] = []
     if not report.passed or report.sections:  # a pass shows its output too: -rP, JUnit, …
         _mask_extracted(report)
     _mask_recorded(item, report)
