@@ -1129,6 +1129,64 @@ def test_a_second_run_on_the_same_receipts_file_is_refused_and_changes_nothing(
     pytester.runpytest(f"--mailbox-receipts={receipts}").assert_outcomes(passed=1)
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_receipts_file_inside_the_basetemp_outlives_pytest_emptying_it(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """One folder for all a CI keeps (``--basetemp=out --junitxml=out/junit.xml
+    --mailbox-receipts=out/receipts.jsonl``): pytest empties a given basetemp when it first
+    makes it, after the file was opened; it was written on to no name."""
+    out = pytester.path / "out"
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+    for _ in range(2):  # the second time, the basetemp holds the first run's files
+        result = pytester.runpytest(
+            "-n",
+            workers,
+            f"--basetemp={out}",
+            "--junitxml=out/junit.xml",
+            "--mailbox-receipts=out/receipts.jsonl",
+        )
+        result.assert_outcomes(passed=1)
+        (line,) = (out / "receipts.jsonl").read_text().splitlines()
+        ((_, (receipt,)),) = _junit_cases(out / "junit.xml").values()
+        assert json.loads(line)["run_id"] == receipt.run_id
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_second_run_on_a_receipts_file_inside_the_basetemp_is_refused_before_emptying_it(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The first run's lock is on the file it writes, not on one its basetemp lost: a second
+    run given the same basetemp and file is refused before it empties that basetemp (the
+    first run's store with it)."""
+    out = pytester.path / "out"
+    options = [f"--basetemp={out}", f"--mailbox-receipts={out / 'receipts.jsonl'}"]
+    second = pytester.mkdir("second")  # not inside the basetemp: pytest refuses that cwd
+    (second / "second_run.py").write_text("def test_second(isolated_mailbox): pass")
+    pytester.makepyfile(
+        f"""
+        import subprocess
+        import sys
+
+        def test_first(isolated_mailbox, tmp_path):
+            second = subprocess.run(
+                [sys.executable, "-m", "pytest", "-p", "no:asyncio", "-p", "no:cacheprovider",
+                 "-n", "{workers}", "second_run.py", *{options!r}],
+                cwd={str(second)!r}, capture_output=True, text=True, timeout=300,  # a hang's net
+            )
+            assert second.returncode == 4, second.stdout + second.stderr
+            assert "is being written by another pytest run" in second.stderr
+            assert tmp_path.exists()  # nothing of this run's basetemp was emptied
+        """
+    )
+
+    result = pytester.runpytest("-n", workers, *options)
+
+    result.assert_outcomes(passed=1)
+    (line,) = (out / "receipts.jsonl").read_text().splitlines()
+    assert json.loads(line)["nodeid"].endswith("::test_first")
+
+
 def test_a_child_that_a_test_forked_does_not_keep_the_receipts_file(
     pytester: pytest.Pytester,
 ) -> None:

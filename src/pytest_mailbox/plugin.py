@@ -960,6 +960,11 @@ class _ReceiptWriter:
         # and mix its receipts in. Runs that only list (an IDE's --collect-only) share it.
         if _lists_only(session.config):
             return
+        self._take()
+        if self._reopened_in_basetemp(session.config):
+            self._take()
+
+    def _take(self) -> None:
         if not _lock(self.stream):
             msg = (
                 f"pytest-mailbox: --mailbox-receipts={str(self.path)!r} is being written by "
@@ -967,6 +972,25 @@ class _ReceiptWriter:
                 "mailbox_receipts or PYTEST_MAILBOX_RECEIPTS)"
             )
             raise pytest.UsageError(msg)
+
+    def _reopened_in_basetemp(self, config: pytest.Config) -> bool:
+        """A file inside a given ``--basetemp`` (one folder for all a CI keeps) goes when
+        pytest empties it, which it does when it first makes it (for the first tmp_path,
+        the store, xdist's workers): the receipts were written on to no name, and the lock
+        kept no second run out. Once this run holds the file, the basetemp is made now
+        and the file opened in it again, to be taken again (True)."""
+        given = config.getoption("basetemp", None)
+        factory = _tmp_path_factory(config)
+        if not given or factory is None:
+            return False
+        where = self.path.resolve()
+        if not where.is_relative_to(Path(os.path.abspath(given)).resolve()):
+            return False
+        factory.getbasetemp()
+        self.stream.close()
+        where.parent.mkdir(parents=True, exist_ok=True)
+        self.stream = where.open("a", encoding="utf-8")
+        return True
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
