@@ -857,6 +857,19 @@ def test_a_recipient_named_twice_gets_one_copy(sink: MailSink, client: Client) -
     assert mailbox.wait_for(subject="twice", timeout=10).subject == "twice"
 
 
+def test_a_recipient_named_with_an_empty_tag_too_gets_one_copy(
+    sink: MailSink, client: Client
+) -> None:
+    mailbox = reserve(sink)
+    empty = f"{mailbox.alias}+@{mailbox.domain}"  # an empty tag: the alias alone
+    client.envelope(f"<{mailbox.address}>".encode(), f"<{empty}>".encode())
+    client.send(b"Subject: twice\r\n\r\nhi\r\n.\r\n")
+
+    assert client.reply() == b"250 2.0.0 Message accepted\r\n"
+    assert [r.rcpt for r in rows(sink, mailbox)] == [mailbox.address]
+    assert mailbox.wait_for(subject="twice", tag="", timeout=10).subject == "twice"
+
+
 def test_percent_hack_is_kept_as_unrouted_mail_of_our_domain(
     sink: MailSink, client: Client
 ) -> None:

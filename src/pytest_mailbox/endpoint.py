@@ -147,12 +147,13 @@ def host_name(name: str) -> str | None:
 
 
 def split_address(address: str) -> tuple[str, str | None, str] | None:
-    """``alias+tag@domain`` → (alias, tag, domain), lower-cased; None if not an address."""
+    """``alias+tag@domain`` → (alias, tag, domain), lower-cased; None if not an address.
+    An empty tag (``alias+@domain``) is none: that is mail to the alias alone."""
     local, at, domain = address.strip().rpartition("@")
     if not at or not local or not domain:
         return None
-    alias, plus, tag = local.lower().partition("+")
-    return alias, (tag if plus else None), normalize_domain(domain)
+    alias, _, tag = local.lower().partition("+")
+    return alias, tag or None, normalize_domain(domain)
 
 
 class SmtpEndpoint:
