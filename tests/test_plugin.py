@@ -1187,6 +1187,83 @@ def test_a_second_run_on_a_receipts_file_inside_the_basetemp_is_refused_before_e
     assert json.loads(line)["nodeid"].endswith("::test_first")
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_second_run_that_opened_the_receipts_file_before_the_basetemp_was_emptied_is_refused(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """Two runs started at once: the second one opened the file (at its start-up) before
+    the first one emptied its basetemp, and tries to take it after. The first run must
+    still hold that file, or the second takes it and empties the first run's basetemp."""
+    out = pytester.path / "out"
+    options = [f"--basetemp={out}", f"--mailbox-receipts={out / 'receipts.jsonl'}"]
+    second = pytester.mkdir("second")  # not inside the basetemp: pytest refuses that cwd
+    (second / "second_run.py").write_text("def test_second(isolated_mailbox): pass")
+    # Two pipes order the runs; a run that ends closes its end, so neither waits for ever.
+    (second / "conftest.py").write_text(
+        """
+import os
+import pytest
+
+@pytest.hookimpl(trylast=True)  # pytest-mailbox has opened the receipts file
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        os.write(int(os.environ["OPENED"]), b"x")
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # it takes the file: once the first holds it
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        os.read(int(os.environ["GO"]), 1)
+    return (yield)
+"""
+    )
+    pytester.makeconftest(
+        f"""
+import os, subprocess, sys
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        return
+    opened, tell_opened = os.pipe()
+    wait_go, go = os.pipe()
+    env = {{**os.environ, "OPENED": str(tell_opened), "GO": str(wait_go)}}
+    with open("second.stderr", "w") as stderr:
+        config.second = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:asyncio", "-p", "no:cacheprovider",
+             "-n", "{workers}", "second_run.py", *{options!r}],
+            cwd={str(second)!r}, stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+            pass_fds=(tell_opened, wait_go),
+        )
+    os.close(tell_opened)
+    os.close(wait_go)
+    os.read(opened, 1)  # the second run has opened the file before this one empties out/
+    os.close(opened)
+    config.go = go
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # this run holds the file, in an emptied out/
+def pytest_runtestloop(session):
+    if not hasattr(session.config, "workerinput"):
+        os.close(session.config.go)
+        with open("second.returncode", "w") as returncode:
+            returncode.write(str(session.config.second.wait()))
+    return (yield)
+"""
+    )
+    first = pytester.makepyfile(
+        "def test_first(isolated_mailbox, tmp_path): assert tmp_path.exists()"
+    )
+
+    result = pytester.runpytest("-n", workers, *options, first)
+
+    result.assert_outcomes(passed=1)  # its store was not emptied under it
+    stderr = (pytester.path / "second.stderr").read_text()
+    assert (pytester.path / "second.returncode").read_text() == "4", stderr
+    assert "is being written by another pytest run" in stderr
+    (line,) = (out / "receipts.jsonl").read_text().splitlines()
+    assert json.loads(line)["nodeid"].endswith("::test_first")
+
+
 def test_a_child_that_a_test_forked_does_not_keep_the_receipts_file(
     pytester: pytest.Pytester,
 ) -> None:

@@ -953,6 +953,8 @@ class _ReceiptWriter:
         # Opened (so a path that cannot be written fails at start-up) but not emptied: that
         # waits for the collection of a run (so --fixtures and --markers keep the file).
         self.stream = path.open("a", encoding="utf-8")
+        # The file as first opened, once its basetemp was emptied: held to the run's end.
+        self._emptied: TextIO | None = None
 
     @pytest.hookimpl(tryfirst=True)  # before xdist starts its workers
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -978,7 +980,10 @@ class _ReceiptWriter:
         pytest empties it, which it does when it first makes it (for the first tmp_path,
         the store, xdist's workers): the receipts were written on to no name, and the lock
         kept no second run out. Once this run holds the file, the basetemp is made now
-        and the file opened in it again, to be taken again (True)."""
+        and the file opened in it again, to be taken again (True). The file first taken
+        stays open, and locked, to the run's end: a second run that opened it before the
+        basetemp was emptied (two runs started at once) would take it otherwise, and
+        empty this run's basetemp, store included."""
         given = config.getoption("basetemp", None)
         factory = _tmp_path_factory(config)
         if not given or factory is None:
@@ -987,7 +992,7 @@ class _ReceiptWriter:
         if not where.is_relative_to(Path(os.path.abspath(given)).resolve()):
             return False
         factory.getbasetemp()
-        self.stream.close()
+        self._emptied = self.stream
         where.parent.mkdir(parents=True, exist_ok=True)
         self.stream = where.open("a", encoding="utf-8")
         return True
@@ -1010,6 +1015,8 @@ class _ReceiptWriter:
 
     def pytest_unconfigure(self) -> None:
         self.stream.close()
+        if self._emptied is not None:
+            self._emptied.close()
 
 
 def _lock(stream: TextIO) -> bool:
