@@ -2473,6 +2473,109 @@ def test_mcp_server_answers_a_request_it_cannot_read_with_an_error(
 
 
 @SIGNUP
+def test_mcp_server_finds_the_id_on_a_cut_off_line_that_quotes_json_in_time(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """A line cut off inside a string that quotes JSON (an argument full of ``\\"``) was
+    scanned again from each of its quotes to the line's end, with the event loop held: at
+    300 kB, minutes with no answer, no ping and no exit; at this line's 1.2 MB, hours.
+    Each quote is read once."""
+    tools = isolated_mailbox.agent_tools()
+    client = {"name": "test", "version": "1"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    quoted = json.dumps({f"key{i}": "value" for i in range(64_000)})
+    arguments = {"purpose": quoted, "ttl": 60}
+    params = {"name": "reserve_mailbox", "arguments": arguments}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    session = [
+        json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json.dumps(call)[: len(json.dumps(call)) // 2],  # cut off inside the quoted JSON
+        json.dumps({"jsonrpc": "2.0", "id": "ping", "method": "ping"}),
+    ]
+    sent = "".join(line + "\n" for line in session).encode()
+
+    done = subprocess.run(
+        tools.mcp_command(),
+        input=sent,
+        capture_output=True,
+        check=False,
+        timeout=300,  # a hang's net: the scan, once quadratic, took hours
+    )
+
+    assert done.returncode == 0, done.stderr.decode()
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(a["id"], a.get("error", {}).get("code")) for a in answers] == [
+        (0, None),
+        (1, -32700),
+        ("ping", None),
+    ]
+
+
+@SIGNUP
+def test_mcp_server_answers_a_request_that_a_cancellation_naming_true_did_not_cancel(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """``"requestId": true`` cancels nothing in the SDK (true is no request id), but it
+    was taken for request 1, whose answer was then not waited for at the end of stdin."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    client = {"name": "test", "version": "1"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    wait = {"fixture_id": own, "kind": "code", "timeout": 60}
+    cancel = {"method": "notifications/cancelled", "params": {"requestId": True}}
+    session = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        | {"params": {"name": "wait_for_message", "arguments": wait}},
+        {"jsonrpc": "2.0"} | cancel,
+    ]
+    sent = "".join(json.dumps(message) + "\n" for message in session).encode()
+
+    done = subprocess.run(
+        tools.mcp_command(), input=sent, capture_output=True, check=False, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr.decode()
+    answers = {a["id"]: a for a in map(json.loads, done.stdout.splitlines())}
+    assert sorted(answers) == [0, 1]
+    assert answers[1]["result"]["structuredContent"]["reason"] == (
+        "the wait was cut short: the toolset closed (its server is shutting down)"
+    )
+
+
+@SIGNUP
+def test_mcp_server_answers_requests_whose_ids_differ_in_type_only_before_it_exits(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """7 and "7" are two JSON-RPC ids, one to the SDK's correlation: the answer to the
+    ping "7" was taken for the answer to the wait 7 as well, which, in progress when stdin
+    closed, was not waited for and never answered."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    client = {"name": "test", "version": "1"}
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    wait = {"fixture_id": own, "kind": "code", "timeout": 60}
+    session = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+        | {"params": {"name": "wait_for_message", "arguments": wait}},
+        {"jsonrpc": "2.0", "id": "7", "method": "ping"},
+    ]
+    sent = "".join(json.dumps(message) + "\n" for message in session).encode()
+
+    done = subprocess.run(
+        tools.mcp_command(), input=sent, capture_output=True, check=False, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr.decode()
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(repr(a["id"]) for a in answers) == ["'7'", "0", "7"]
+
+
+@SIGNUP
 def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
     tools = isolated_mailbox.agent_tools()
     command = tools.mcp_command()

@@ -18,6 +18,7 @@ import re
 import secrets
 import sqlite3
 import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import closing, suppress
 from pathlib import Path
@@ -115,22 +116,25 @@ class _Unanswered:
     def __init__(self) -> None:
         import anyio  # noqa: PLC0415
 
-        self._ids: set[object] = set()
+        # A count per id: "7" and 7 are two requests to answer, though one id to the SDK.
+        self._ids: Counter[object] = Counter()
         self._changed = anyio.Event()
 
     @staticmethod
     def _key(request_id: object) -> object:
         from mcp.shared.dispatcher import coerce_request_id  # noqa: PLC0415
 
-        # As the SDK correlates them: "7" and 7 are one id.
-        return coerce_request_id(request_id) if isinstance(request_id, (int, str)) else None
+        # As the SDK correlates them: "7" and 7 are one id; true is none (not 1).
+        if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+            return None
+        return coerce_request_id(request_id)
 
     def read(self, item: object) -> None:
         from mcp import types  # noqa: PLC0415
 
         message = getattr(item, "message", None)
         if isinstance(message, types.JSONRPCRequest):
-            self._ids.add(self._key(message.id))
+            self._ids[self._key(message.id)] += 1
         elif (
             isinstance(message, types.JSONRPCNotification)
             and message.method == "notifications/cancelled"  # never answered (MCP's rule)
@@ -145,9 +149,11 @@ class _Unanswered:
             self._done(self._key(message.id))
 
     def _done(self, key: object) -> None:
-        if key in self._ids:
-            self._ids.discard(key)
+        if self._ids[key] > 0:
+            self._ids[key] -= 1
             self._changed.set()
+        if self._ids[key] <= 0:
+            del self._ids[key]
 
     async def drained(self) -> None:
         import anyio  # noqa: PLC0415
@@ -185,8 +191,9 @@ class _Answering(Generic[_T]):
         await self.aclose()
 
 
-#: A JSON string, or a bracket: the tokens that ``_request_id`` steps through.
-_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+#: A JSON string, or a bracket: the tokens that ``_request_id`` steps through; or a quote
+#: that opens a string the line never closes (cut off): the rest of the line is in it.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]|"')
 _KEY = re.compile(r"\s*:")
 #: An id as MCP has them: an integer or a string.
 _ID = re.compile(r'\s*:\s*(?:(-?[0-9]{1,18})(?![0-9.eE])|("[^"\\]*(?:\\.[^"\\]*)*"))')
@@ -200,6 +207,8 @@ def _request_id(line: str) -> int | str | None:
     depth, found, method = 0, None, False
     for token in _JSON_TOKEN.finditer(line):
         text = token.group()
+        if text == '"':  # no key after it; and a search from each quote in it takes O(n²)
+            break
         if text in ("[", "{"):
             depth += 1
         elif text in ("]", "}"):
