@@ -819,6 +819,40 @@ def test_opening_a_file_that_is_no_database_is_a_store_error_and_leaves_nothing_
     gc.collect()  # no connection left for the collector (Python 3.13 warns: -W error)
 
 
+def _path_of(length: int, under: Path) -> Path:
+    """A store's path of ``length`` bytes under ``under``, in folders no file system refuses."""
+    name = "store.sqlite3"
+    fill = length - len(os.fsencode(under / name))  # folders to add, each with its "/"
+    parts = []
+    while fill > 201:
+        parts.append("d" * 100)
+        fill -= 101
+    parts.append("d" * (fill - 1))
+    path = under.joinpath(*parts, name)
+    assert len(os.fsencode(path)) == length
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_a_store_path_too_long_for_sqlite_names_its_length_and_the_fix(tmp_path: Path) -> None:
+    """SQLite opens no path longer than 504 bytes (512, less room for "-journal"): under
+    a deep TMPDIR or --basetemp, every test said "unable to open database file (is its
+    disk full…?)", which pointed the wrong way."""
+    base = tmp_path.resolve()
+    Store(_path_of(504, base)).close()  # the longest it opens
+
+    with pytest.raises(StoreError) as refused:
+        Store(_path_of(505, base / "longer"))
+
+    assert str(refused.value).endswith(
+        "failed: unable to open database file (its path is 505 bytes long, and SQLite "
+        "opens none longer than 504: give pytest a shorter --basetemp, or TMPDIR); no "
+        "store was opened"
+    )
+    del refused
+    gc.collect()  # no connection left for the collector (Python 3.13 warns: -W error)
+
+
 def test_a_store_file_that_is_no_database_is_a_store_error(tmp_path: Path) -> None:
     """Reads and writes alike: every error of the contract derives from MailboxError."""
     store = Store(tmp_path / "store.sqlite3")

@@ -170,6 +170,8 @@ _AT_CLOSE = ", acked at close as a success, not by ack()"
 _NOTHING_STORED = "nothing of this call was stored"
 #: What a failure while a store is opened tells.
 _NOT_OPENED = "no store was opened"
+#: The longest path SQLite's unix VFS opens, in bytes: 512, less room for "-journal".
+_LONGEST_PATH = 504
 
 #: An earlier version's ``events`` (a rowid table and an index): its rows, in the new table.
 _EVENTS_V1_TO_V2 = f"""
@@ -565,11 +567,14 @@ class Store:
 
     def _failed(self, exc: sqlite3.Error, outcome: str) -> StoreError:
         """SQLite's refusal as the error the caller's contract knows (``provider_error``)."""
-        msg = (
-            f"the store {self.path} failed: {exc} (is its disk full, or did another program "
-            f"change or remove the file?); {outcome}"
-        )
-        return StoreError(msg)
+        why = "is its disk full, or did another program change or remove the file?"
+        length = len(os.fsencode(os.path.realpath(self.path)))
+        if length > _LONGEST_PATH and "unable to open" in str(exc):  # a deep TMPDIR, say
+            why = (
+                f"its path is {length} bytes long, and SQLite opens none longer than "
+                f"{_LONGEST_PATH}: give pytest a shorter --basetemp, or TMPDIR"
+            )
+        return StoreError(f"the store {self.path} failed: {exc} ({why}); {outcome}")
 
     @contextmanager
     def _read(self) -> Iterator[None]:
