@@ -155,7 +155,11 @@ _URL_END = (
     "\\s<>\"'`\\x00-\\x1f\\x7f\\u00ab\\u00bb\\u2010-\\u2027\\u2030-\\u205e"
     "\\u3000-\\u303f\\uff01-\\uff0f\\uff1a-\\uff20\\uff3b-\\uff40\\uff5b-\\uff65"
 )
-_URL_IN_TEXT = re.compile(f"https?://[^{_URL_END}]+", re.IGNORECASE)
+#: A ``](`` ends a link too: markdown's ``[url](url)`` (Laravel's text mail) is two links,
+#: not one that runs from the first into the second.
+_URL_IN_TEXT = re.compile(
+    f"https?://[^{_URL_END}\\]]+(?:\\](?!\\()[^{_URL_END}\\]]*)*", re.IGNORECASE
+)
 _HTTP_SCHEME = re.compile(r"https?://", re.IGNORECASE)
 _URL_CONTROL = re.compile(r"[\t\r\n]")
 _ADDRESS = re.compile(r"[^\s<>()\[\]@,;:\"]+@[^\s<>()\[\]@,;:\"]+")

@@ -1,0 +1,55 @@
+"""Mail as real senders' templates write it, delivered over SMTP: its one link and one code
+are found, as a reader of the mail would find them."""
+
+from __future__ import annotations
+
+import smtplib
+from email.message import EmailMessage
+
+from pytest_mailbox import Mailbox, MailSink
+
+SIGNED = (
+    "https://app.example.test/email/verify/1/0a9f3e7c"
+    "?expires=1765120000&signature=4b1c2d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c"
+)
+
+
+def send(server: MailSink, to: str, subject: str, text: str, html: str | None = None) -> None:
+    """A mail as a framework's mailer builds it (quoted-printable, text then HTML), over SMTP."""
+    mail = EmailMessage()
+    mail["From"] = "Laravel <hello@app.example.test>"
+    mail["To"] = to
+    mail["Subject"] = subject
+    mail.set_content(text, cte="quoted-printable")
+    if html is not None:
+        mail.add_alternative(html, subtype="html", cte="quoted-printable")
+    with smtplib.SMTP(server.host, server.port) as smtp:
+        smtp.send_message(mail)
+
+
+def test_a_markdown_link_whose_text_is_its_url_is_one_link(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """Laravel's verify-email text part ends with ``[url](url)``, markdown its text views
+    keep: read as one link running from the first URL into the second, it made a second,
+    garbled link, and link() refused the mail's one link as ambiguous."""
+    text = (
+        "Please click the button below to verify your email address.\n\n"
+        f"Verify Email Address: {SIGNED}\n\n"
+        'If you\'re having trouble clicking the "Verify Email Address" button, copy and '
+        f"paste the URL below\ninto your web browser: [{SIGNED}]({SIGNED})\n\n"
+        "\N{COPYRIGHT SIGN} 2026 Laravel. All rights reserved.\n"
+    )
+    href = SIGNED.replace("&", "&amp;")
+    html = (
+        f'<a href="{href}" class="button button-primary">Verify Email Address</a>'
+        '<p>If you\'re having trouble clicking the "Verify Email Address" button, copy and '
+        "paste the URL below into your web browser: "
+        f'<span class="break-all"><a href="{href}">{href}</a></span></p>'
+    )
+    send(mailbox_server, isolated_mailbox.address, "Verify Email Address", text, html)
+
+    msg = isolated_mailbox.wait_for(subject="Verify Email Address", timeout=10)
+
+    assert msg.links() == [SIGNED]
+    assert msg.link(domain="app.example.test") == SIGNED
