@@ -6,6 +6,8 @@ from __future__ import annotations
 import smtplib
 from email.message import EmailMessage
 
+import pytest
+
 from pytest_mailbox import Mailbox, MailSink
 
 SIGNED = (
@@ -53,3 +55,31 @@ def test_a_markdown_link_whose_text_is_its_url_is_one_link(
 
     assert msg.links() == [SIGNED]
     assert msg.link(domain="app.example.test") == SIGNED
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "2026-12-03 16:30 UTC",  # ISO 8601, as a security notice states it
+        "2026-12-03T16:30:05Z",
+        "03/12/2026 16:30",
+        "03.12.2026 um 16:30 Uhr",
+        "Thu, 3 Dec 2026 16:30:05 +0000",  # RFC 5322, as a forwarded mail's header shows it
+    ],
+)
+def test_the_date_a_code_mail_states_is_no_second_code(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, when: str
+) -> None:
+    """A sign-in code mail says when it was asked for: the year of that date was a second
+    code, and code() refused the mail as ambiguous ("2 distinct codes"). A date's and a
+    time's digits are no code, as they are not masked as one."""
+    text = (
+        "Use this code to finish signing in:\n\n    482913\n\n"
+        f"Requested: {when} from Firefox on Linux.\n"
+        "If this wasn't you, reset your password.\n"
+    )
+    send(mailbox_server, isolated_mailbox.address, "Your sign-in code", text)
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in code", timeout=10)
+
+    assert msg.code() == "482913"

@@ -79,6 +79,8 @@ _WHEN = (
     r")(?![^\W_])"
 )
 _MASKABLE = re.compile(f"(?P<when>{_WHEN})|[^\\W_]+")
+#: A date or a time, whose digits ``code()`` does not take for a code (``2026-12-03``).
+_DATE_OR_TIME = re.compile(_WHEN)
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
 #: A word a token could be (``secrets.token_urlsafe``, ``token_hex``, a UUID), judged by
@@ -1517,8 +1519,8 @@ class Message:
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
         texts: tuple[str, ...] = (self.body_text, self.subject)
-        if pattern is None:
-            texts = tuple(_URL_IN_TEXT.sub(" ", text) for text in texts)
+        if pattern is None:  # nor in a date or a time: the year of ``2026-12-03`` is no code
+            texts = tuple(_DATE_OR_TIME.sub(" ", _URL_IN_TEXT.sub(" ", text)) for text in texts)
         values = self._codes(source, texts, given=pattern is not None)
         if not values and pattern is not None and not self.text.strip():
             # The HTML body was searched: its links are in its hrefs, which its text leaves
