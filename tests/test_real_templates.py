@@ -83,3 +83,35 @@ def test_the_date_a_code_mail_states_is_no_second_code(
     msg = isolated_mailbox.wait_for(subject="Your sign-in code", timeout=10)
 
     assert msg.code() == "482913"
+
+
+@pytest.mark.parametrize(
+    ("in_text", "in_html"),
+    [
+        # The site's domain as configured in the text; a URL builder's IDNA form in the HTML.
+        ("https://bücher.example.test/verify", "https://xn--bcher-kva.example.test/verify"),
+        ("https://App.Example.Test/verify", "https://app.example.test/verify"),
+        ("HTTPS://app.example.test/verify", "https://app.example.test/verify"),
+        ("https://app.example.test:443/verify", "https://app.example.test/verify"),
+        ("http://localhost:80/verify", "http://LOCALHOST/verify"),
+    ],
+)
+def test_one_link_spelt_two_ways_in_text_and_html_is_one_link(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, in_text: str, in_html: str
+) -> None:
+    """The text and the HTML part of one mail may spell the host of their one link
+    differently (case, IDNA, its scheme's port written out): a browser visits one page, and
+    link() looks for hosts so compared, but took them for two links and refused both as
+    ambiguous. The text's spelling is the one returned, as the first found."""
+    token = "?token=Zq8XkLmN4pR7tVwY2bC9dE"
+    html = f'<p><a href="{in_html}{token}">Verify</a></p><a href="mailto:help@app.test">Help</a>'
+    send(mailbox_server, isolated_mailbox.address, "Verify", f"Verify: {in_text}{token}\n", html)
+
+    msg = isolated_mailbox.wait_for(subject="Verify", timeout=10)
+
+    assert msg.links() == [in_text + token]
+    assert msg.link() == in_text + token
+    # A link on another port, or with another path, is another link still.
+    other = f'<a href="{in_html.replace("/verify", ":8443/verify")}{token}">v</a>'
+    send(mailbox_server, isolated_mailbox.address, "Other", f"{in_text}{token}\n", other)
+    assert len(isolated_mailbox.wait_for(subject="Other", timeout=10).links()) == 2

@@ -936,6 +936,23 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _HOST_AND_PORT = re.compile(r"[A-Za-z0-9.-]+:\w+")
 
 
+def _same_link(url: str) -> str:
+    """``url`` as two spellings of one link share it: scheme and host compared as a browser
+    compares them (any case, IDNA, no trailing dot), its scheme's default port dropped; the
+    rest as written."""
+    try:
+        parts = urlsplit(_as_browsers_read(url))
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        return url
+    scheme = parts.scheme.lower()
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    netloc = f"{userinfo}{at}" + (f"[{host}]" if ":" in host else normalize_domain(host))
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        netloc += f":{port}"
+    return parts._replace(scheme=scheme, netloc=netloc).geturl()
+
+
 def _path(url: str) -> str:
     """The URL's path as ``link(path=)`` compares it ("" if it has none or cannot be read)."""
     try:
@@ -1359,16 +1376,18 @@ class Message:
 
     @cached_property
     def _links(self) -> tuple[str, ...]:
-        found: dict[str, None] = {}
+        # By the page a browser visits: the text and the HTML part may spell one link's
+        # host two ways (``App.Example.Test``, IDNA, its scheme's port written out).
+        found: dict[str, str] = {}
         for match in _URL_IN_TEXT.finditer(self.text):
             url = _trim_url(match.group())
             if _host(url):
-                found.setdefault(url, None)
+                found.setdefault(_same_link(url), url)
         for href in self._html_scan.hrefs:
             url = _URL_CONTROL.sub("", href).strip()
             if _HTTP_SCHEME.match(url) and _host(url):
-                found.setdefault(url, None)
-        return tuple(found)
+                found.setdefault(_same_link(url), url)
+        return tuple(found.values())
 
     def links(self) -> list[str]:
         """Distinct http(s) links: those in the text body, then new ones from HTML ``<a href>``.
