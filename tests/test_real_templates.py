@@ -115,3 +115,30 @@ def test_one_link_spelt_two_ways_in_text_and_html_is_one_link(
     other = f'<a href="{in_html.replace("/verify", ":8443/verify")}{token}">v</a>'
     send(mailbox_server, isolated_mailbox.address, "Other", f"{in_text}{token}\n", other)
     assert len(isolated_mailbox.wait_for(subject="Other", timeout=10).links()) == 2
+
+
+@pytest.mark.parametrize(
+    "number",
+    ["1-800-555-0199", "+1 (555) 010-4477", "555.010.4477", "+49 30 901820-0", "ref. 2026-000417"],
+)
+def test_a_phone_or_reference_number_beside_a_code_is_no_second_code(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, number: str
+) -> None:
+    """A bank's or a telco's code mail gives a number to call in its footer: its last
+    group of digits was a second code (``0199``), and code() refused the mail as
+    ambiguous. Digits joined to other digits by a dash or a dot are a part of a longer
+    number, not a code standing alone."""
+    text = (
+        "Your one-time passcode is 482913. It expires in 10 minutes.\n\n"
+        f"Didn't ask for it? Call us: {number}\n"
+    )
+    html = f"<p>Your one-time passcode is <b>482913</b>.</p><p>Call us: {number}</p>"
+    send(mailbox_server, isolated_mailbox.address, "Your passcode", text, html)
+
+    msg = isolated_mailbox.wait_for(subject="Your passcode", timeout=10)
+
+    assert msg.code() == "482913"
+    # An HTML-only mail too, whose code its inline tags glue to words.
+    glued = f"<p>Passcode<b>482913</b></p><p>Call us:{number}</p>"
+    send(mailbox_server, isolated_mailbox.address, "Glued", "", glued)
+    assert isolated_mailbox.wait_for(subject="Glued", timeout=10).code() == "482913"

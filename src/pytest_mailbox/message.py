@@ -35,17 +35,19 @@ from pytest_mailbox.vocabulary import digest
 __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "redact_url"]
 
 #: Four to eight digits standing alone: not part of a longer number, nor of a word of
-#: ASCII letters and digits (a token's ``a1b23456c``). Links are taken out of the text
-#: before it is searched (``Message.code``): a link's token holds digit runs at random.
-DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])\d{4,8}(?![\dA-Za-z_])"
+#: ASCII letters and digits (a token's ``a1b23456c``), nor joined to other digits by a
+#: dash or a dot (a phone number's ``1-800-555-0199``, a reference's ``2026-000417``).
+#: Links, dates and times are taken out of the text before it is searched
+#: (``Message.code``): a link's token holds digit runs at random.
+DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])(?<!\d[-.])\d{4,8}(?![\dA-Za-z_])(?![-.]\d)"
 _DEFAULT_CODE_SHOWN = (
     "the default pattern (4 to 8 digits outside links, standing alone, or glued to a word "
     "where none stand alone)"
 )
 #: Looked for only when the default finds nothing: four to eight digits not touching other
 #: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
-#: reads ``Code482913``). Outside links too.
-_GLUED_CODE_PATTERN = r"(?<![\d])\d{4,8}(?![\d])"
+#: reads ``Code482913``). Outside links, and not a part of a longer number, too.
+_GLUED_CODE_PATTERN = r"(?<![\d])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
 
 #: A header value longer than this is not decoded: the standard library's parser takes
 #: time that grows with the square of a value made of encoded words (0.4 MiB of them held
