@@ -8,7 +8,7 @@ from email.message import EmailMessage
 
 import pytest
 
-from pytest_mailbox import Mailbox, MailSink
+from pytest_mailbox import ExtractionError, Mailbox, MailSink
 
 SIGNED = (
     "https://app.example.test/email/verify/1/0a9f3e7c"
@@ -142,3 +142,33 @@ def test_a_phone_or_reference_number_beside_a_code_is_no_second_code(
     glued = f"<p>Passcode<b>482913</b></p><p>Call us:{number}</p>"
     send(mailbox_server, isolated_mailbox.address, "Glued", "", glued)
     assert isolated_mailbox.wait_for(subject="Glued", timeout=10).code() == "482913"
+
+
+@pytest.mark.parametrize(
+    "footer",
+    [
+        "\N{COPYRIGHT SIGN} 2026 Laravel. All rights reserved.",  # Laravel's mail layout
+        "Copyright \N{COPYRIGHT SIGN} 2026 Acme, Inc.",
+        "Copyright (c) 2024-2026 Acme, Inc.",
+        "(C) 2026 Acme",
+    ],
+)
+def test_a_copyright_year_in_a_footer_is_no_second_code(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, footer: str
+) -> None:
+    """Laravel's markdown mails, as most templates, end with a copyright line, in the text
+    part and the HTML's: its year was a second code, so code() refused every such code mail
+    as ambiguous. A year alone elsewhere (``Invoice 2026``) is a code still."""
+    text = f"Your login code is 482913.\n\nThanks,\nLaravel\n\n{footer}\n"
+    html = (
+        "<p>Your login code is <strong>482913</strong>.</p>"
+        f'<table class="footer"><tr><td><p>{footer.replace("©", "&copy;")}</p></td></tr></table>'
+    )
+    send(mailbox_server, isolated_mailbox.address, "Login code", text, html)
+
+    msg = isolated_mailbox.wait_for(subject="Login code", timeout=10)
+
+    assert msg.code() == "482913"
+    send(mailbox_server, isolated_mailbox.address, "Invoice 2026", text, html)
+    with pytest.raises(ExtractionError, match="2 distinct codes"):
+        isolated_mailbox.wait_for(subject="Invoice 2026", timeout=10).code()

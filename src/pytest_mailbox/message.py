@@ -81,8 +81,11 @@ _WHEN = (
     r")(?![^\W_])"
 )
 _MASKABLE = re.compile(f"(?P<when>{_WHEN})|[^\\W_]+")
-#: A date or a time, whose digits ``code()`` does not take for a code (``2026-12-03``).
-_DATE_OR_TIME = re.compile(_WHEN)
+#: A date or a time, or a copyright's year (``© 2026``, ``Copyright (c) 2024-2026``, as a
+#: footer states it), whose digits ``code()`` does not take for a code (``2026-12-03``).
+_DATE_OR_TIME = re.compile(
+    _WHEN + r"|(?:\u00a9|\([cC]\)|\b[Cc]opyright\b)[\s\u00a9]*\d{4}(?:\s*[-\u2013]\s*\d{4})?(?!\d)"
+)
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
 #: A word a token could be (``secrets.token_urlsafe``, ``token_hex``, a UUID), judged by
@@ -1540,7 +1543,7 @@ class Message:
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
         texts: tuple[str, ...] = (self.body_text, self.subject)
-        if pattern is None:  # nor in a date or a time: the year of ``2026-12-03`` is no code
+        if pattern is None:  # nor in a date, a time, or a copyright's year (``© 2026``)
             texts = tuple(_DATE_OR_TIME.sub(" ", _URL_IN_TEXT.sub(" ", text)) for text in texts)
         values = self._codes(source, texts, given=pattern is not None)
         if not values and pattern is not None and not self.text.strip():
