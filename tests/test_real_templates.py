@@ -9,6 +9,7 @@ from email.message import EmailMessage
 import pytest
 
 from pytest_mailbox import ExtractionError, Mailbox, MailSink
+from pytest_mailbox.message import _DATE_OR_TIME, mask_subject
 
 SIGNED = (
     "https://app.example.test/email/verify/1/0a9f3e7c"
@@ -172,3 +173,49 @@ def test_a_copyright_year_in_a_footer_is_no_second_code(
     send(mailbox_server, isolated_mailbox.address, "Invoice 2026", text, html)
     with pytest.raises(ExtractionError, match="2 distinct codes"):
         isolated_mailbox.wait_for(subject="Invoice 2026", timeout=10).code()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Your code: 4829 12:00 UTC is when it was sent.",  # a code, then a time
+        "Code 4829 1:30 pm",
+        "Copyright\n4829",  # a code on the line after a footer's word
+        "Code\N{COPYRIGHT SIGN}\n4829",
+    ],
+)
+def test_a_four_digit_code_beside_a_time_or_a_footer_word_is_still_the_code(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, text: str
+) -> None:
+    """A year is taken out of a date only after a month's name (``Dec 2026 16:30``), and out
+    of a copyright line only on its own line: a code before a time was blanked as the year
+    of an RFC 5322 date, and one on the line after "Copyright" as its year."""
+    send(mailbox_server, isolated_mailbox.address, "Your code", text)
+
+    msg = isolated_mailbox.wait_for(subject="Your code", timeout=10)
+
+    assert msg.code() == "4829"
+
+
+def test_a_copyright_year_is_told_by_a_short_gap_after_its_sign() -> None:
+    """The gap between ``©`` and its year is bounded: unbounded, each ``©`` of a long run
+    started a scan to the run's end (30,000 of them beside a code: 5 s in ``code()``)."""
+    assert _DATE_OR_TIME.fullmatch("\N{COPYRIGHT SIGN}" + " " * 8 + "2026")
+    assert _DATE_OR_TIME.fullmatch("\N{COPYRIGHT SIGN}" + " " * 9 + "2026") is None
+    assert _DATE_OR_TIME.fullmatch("\N{COPYRIGHT SIGN}\n2026") is None
+
+
+def test_what_follows_a_markdown_bracket_in_a_link_is_still_masked_and_no_code(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """A text link ends at ``](`` for ``links()``; masking and ``code()`` still take the
+    link as far as it may run, so a token after an unencoded ``](`` is not shown, nor a
+    relative target's number taken for a second code."""
+    shown = mask_subject("https://app.example.test/reset?x=](y)&token=plum-tiger-cloud-river")
+    assert "plum-tiger-cloud-river" not in shown
+    text = "Your code is 4829.\n[https://app.example.test/unsubscribe](/unsubscribe/58203917)\n"
+    send(mailbox_server, isolated_mailbox.address, "Your code", text)
+
+    msg = isolated_mailbox.wait_for(subject="Your code", timeout=10)
+
+    assert msg.code() == "4829"

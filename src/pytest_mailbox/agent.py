@@ -64,7 +64,7 @@ from pytest_mailbox.errors import (
 )
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox, _loop_running, running_trio
 from pytest_mailbox.message import (
-    _URL_IN_TEXT,
+    _URL_TO_REDACT,
     TEST_EXTRACTED,
     Message,
     Recorded,
@@ -650,7 +650,7 @@ def _call_id(text: object) -> str:
     call's id. Token-like words and digit runs stay: provider ids (``call_…``, ``toolu_01…``)
     are random by design, and masking them would cut the entry off from the transcript.
     """
-    return _shown(_unextracted(_URL_IN_TEXT.sub(_redacted_link, _str(text)[:_MASKED_WHOLE])))
+    return _shown(_unextracted(_URL_TO_REDACT.sub(_redacted_link, _str(text)[:_MASKED_WHOLE])))
 
 
 def _problems(tool: str, exc: Exception) -> str:

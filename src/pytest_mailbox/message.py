@@ -81,10 +81,17 @@ _WHEN = (
     r")(?![^\W_])"
 )
 _MASKABLE = re.compile(f"(?P<when>{_WHEN})|[^\\W_]+")
+#: RFC 5322's months, as a date in a header states them (``Thu, 3 Dec 2026 16:30:05``).
+_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 #: A date or a time, or a copyright's year (``© 2026``, ``Copyright (c) 2024-2026``, as a
 #: footer states it), whose digits ``code()`` does not take for a code (``2026-12-03``).
+#: A year before a time only after a month's name (``Dec 2026 16:30``: ``Code 4829 12:00``
+#: is a code); a copyright's year on its sign's line, a few characters on (a bounded gap:
+#: each ``©`` of a long run would scan to the run's end).
 _DATE_OR_TIME = re.compile(
-    _WHEN + r"|(?:\u00a9|\([cC]\)|\b[Cc]opyright\b)[\s\u00a9]*\d{4}(?:\s*[-\u2013]\s*\d{4})?(?!\d)"
+    _WHEN.replace(r"(?:\d{4} )?", rf"(?:(?<=\b(?:{_MONTHS}) )\d{{4}} )?")
+    + r"|(?:\u00a9|\([cC]\)|\b[Cc]opyright\b)[ \t\u00a0\u00a9]{0,8}"
+    + r"\d{4}(?:\s*[-\u2013]\s*\d{4})?(?!\d)"
 )
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
@@ -167,6 +174,8 @@ _URL_END = (
 _URL_IN_TEXT = re.compile(
     f"https?://[^{_URL_END}\\]]+(?:\\](?!\\()[^{_URL_END}\\]]*)*", re.IGNORECASE
 )
+#: What masking and code() blank: a link as far as it may run (``](`` included): safe.
+_URL_TO_REDACT = re.compile(f"https?://[^{_URL_END}]+", re.IGNORECASE)
 _HTTP_SCHEME = re.compile(r"https?://", re.IGNORECASE)
 _URL_CONTROL = re.compile(r"[\t\r\n]")
 _ADDRESS = re.compile(r"[^\s<>()\[\]@,;:\"]+@[^\s<>()\[\]@,;:\"]+")
@@ -332,7 +341,7 @@ def mask_subject(text: str, recorded: Recorded | None = None, values: Iterable[s
     digits, ``recorded`` words). ``values`` (what its mailbox extracted, four characters or
     more) are masked also inside a longer word (``認証コードはQXKZTRです``, ``code_QXKZTR``);
     one of digits only, where no digit touches it."""
-    text = _URL_IN_TEXT.sub(_redacted_link, text)  # first: a link it extracted reads as one
+    text = _URL_TO_REDACT.sub(_redacted_link, text)  # first: a link it extracted reads as one
     present = {v for v in values if len(v) >= _MIN_INSIDE and v in text}
     for value in sorted(present, key=len, reverse=True):
         text = _mask_value(text, value)
@@ -371,7 +380,7 @@ def mask_copied(text: str) -> str:
     """Mask what a test may have copied from a message, or from its app, into a selector:
     links (redacted as ``redact_url`` does), words that look like tokens, digit runs, and
     what this process extracted lately (a code it waits for, a token out of a link)."""
-    text = _URL_IN_TEXT.sub(_redacted_link, text)
+    text = _URL_TO_REDACT.sub(_redacted_link, text)
     text = _unbased(text)
     text = _LONG_WORD.sub(_masked_if_token, text)
     text = _CODES.sub(_masked_code, text)
@@ -1544,7 +1553,7 @@ class Message:
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
         texts: tuple[str, ...] = (self.body_text, self.subject)
         if pattern is None:  # nor in a date, a time, or a copyright's year (``© 2026``)
-            texts = tuple(_DATE_OR_TIME.sub(" ", _URL_IN_TEXT.sub(" ", text)) for text in texts)
+            texts = tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
         values = self._codes(source, texts, given=pattern is not None)
         if not values and pattern is not None and not self.text.strip():
             # The HTML body was searched: its links are in its hrefs, which its text leaves
