@@ -100,6 +100,25 @@ def build_server(tools: AgentTools) -> Server[Any]:
 
 
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound="_ClosedOnExit")
+
+
+class _ClosedOnExit:
+    """A stream wrapper as an async context manager: closed (``aclose``) on leaving it."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: _S) -> _S:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 class _Unanswered:
@@ -163,7 +182,7 @@ class _Unanswered:
             await self._changed.wait()
 
 
-class _Answering(Generic[_T]):
+class _Answering(_ClosedOnExit, Generic[_T]):
     """A write stream that tells ``unanswered`` of each answer once it is written."""
 
     def __init__(self, stream: WriteStream[_T], unanswered: _Unanswered) -> None:
@@ -178,17 +197,6 @@ class _Answering(Generic[_T]):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
-
-    async def __aenter__(self) -> _Answering[_T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 #: A JSON string, or a bracket: the tokens that ``_request_id`` steps through; or a quote
@@ -256,7 +264,7 @@ def _unread(exc: Exception) -> tuple[int | str, int, str] | None:
     return None
 
 
-class _Watched(Generic[_T]):
+class _Watched(_ClosedOnExit, Generic[_T]):
     """A read stream that calls ``ended`` once it has nothing more to give (the client
     closed stdin): the calls in progress are cut short, and the end is passed on once
     each request read has been answered (``unanswered``). A line the SDK could not read
@@ -309,17 +317,6 @@ class _Watched(Generic[_T]):
             return await self.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _Watched[_T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 async def serve(tools: AgentTools) -> None:
