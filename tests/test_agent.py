@@ -2321,6 +2321,38 @@ def test_mcp_server_cuts_a_wait_short_when_its_client_closes_stdin(
     assert cut.reason == "the wait was cut short: the toolset closed (its server is shutting down)"
 
 
+#: What an MCP client says first: ``initialize`` (id 0), then that it is initialized.
+_HELLO = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "test", "version": "1"},
+}
+_OPENING = [
+    {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": _HELLO},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+]
+
+
+def _wait_call(id_: int | str, arguments: dict[str, Any]) -> dict[str, Any]:
+    params = {"name": "wait_for_message", "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
+
+
+def _piped(
+    tools: AgentTools, lines: list[dict[str, Any] | str], timeout: float = 60
+) -> list[dict[str, Any]]:
+    """The answers of a server given the opening then ``lines`` (a message, or a line as
+    written) on a stdin closed after them, as ``printf … | server`` gives them; it exits 0."""
+    sent = "".join(
+        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in [*_OPENING, *lines]
+    ).encode()
+    done = subprocess.run(
+        tools.mcp_command(), input=sent, capture_output=True, check=False, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 @SIGNUP
 def test_mcp_server_answers_every_request_it_read_before_its_client_closed_stdin(
     isolated_mailbox: Mailbox, app: SignupApp
@@ -2331,28 +2363,23 @@ def test_mcp_server_answers_every_request_it_read_before_its_client_closed_stdin
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
     app.welcome(isolated_mailbox.address)  # no code in it: a wait for one waits on
-    client = {"name": "sh", "version": "1"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
 
     def call(id_: int | str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         params = {"name": name, "arguments": arguments}
         return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": params}
 
-    session = [
-        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
-        call(2, "reserve_mailbox", {"purpose": "signup", "ttl": 60}),
-        call("3", "claim_message", {"fixture_id": own, "selector": {}}),
-        call(4, "wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 60}),
-    ]
-    sent = "".join(json.dumps(message) + "\n" for message in session).encode()
-
     # stdin is closed once the session is written; the wait is cut short by that
-    done = subprocess.run(tools.mcp_command(), input=sent, capture_output=True, check=False)
+    answered = _piped(
+        tools,
+        [
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+            call(2, "reserve_mailbox", {"purpose": "signup", "ttl": 60}),
+            call("3", "claim_message", {"fixture_id": own, "selector": {}}),
+            _wait_call(4, {"fixture_id": own, "kind": "code", "timeout": 60}),
+        ],
+    )
 
-    assert done.returncode == 0, done.stderr.decode()
-    answers = {a["id"]: a for a in map(json.loads, done.stdout.splitlines())}
+    answers = {a["id"]: a for a in answered}
     assert sorted(answers, key=str) == [0, 1, 2, "3", 4]
     served = {i: a["result"]["structuredContent"] for i, a in answers.items() if i not in (0, 1)}
     assert [served[i]["status"] for i in (2, "3", 4)] == ["reserved", "claimed", "waiting"]
@@ -2378,14 +2405,8 @@ def test_mcp_server_answers_a_ping_while_forty_waits_block(
     nor the end of stdin, until a wait returned (up to a minute)."""
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
-    client = {"name": "test", "version": "1"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
     wait = {"fixture_id": own, "kind": "code", "timeout": 60}
-    waits = [
-        {"jsonrpc": "2.0", "id": i, "method": "tools/call"}
-        | {"params": {"name": "wait_for_message", "arguments": wait}}
-        for i in range(1, 41)  # anyio's default: 40 worker threads
-    ]
+    waits = [_wait_call(i, wait) for i in range(1, 41)]  # anyio's default: 40 worker threads
     pipe = subprocess.PIPE
     with (
         (tmp_path / "stderr").open("wb") as stderr,
@@ -2393,11 +2414,11 @@ def test_mcp_server_answers_a_ping_while_forty_waits_block(
     ):
         assert server.stdin is not None
         assert server.stdout is not None
-        initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+        initialize, initialized = _OPENING
         server.stdin.write(json.dumps(initialize).encode() + b"\n")
         server.stdin.flush()
         assert json.loads(server.stdout.readline())["id"] == 0
-        for message in [{"jsonrpc": "2.0", "method": "notifications/initialized"}, *waits]:
+        for message in [initialized, *waits]:
             server.stdin.write(json.dumps(message).encode() + b"\n")
         server.stdin.write(json.dumps({"jsonrpc": "2.0", "id": "ping", "method": "ping"}).encode())
         server.stdin.write(b"\n")
@@ -2420,15 +2441,13 @@ def test_mcp_server_answers_a_ping_while_forty_waits_block(
 
 @SIGNUP
 def test_mcp_server_answers_a_request_it_cannot_read_with_an_error(
-    isolated_mailbox: Mailbox, tmp_path: Path
+    isolated_mailbox: Mailbox,
 ) -> None:
     """The SDK drops a line it cannot read (JSON beyond its parser: a number of 5,000
     digits, arguments 300 levels deep, a lone surrogate, a line cut off; or no MCP request),
     and a request on it was never answered: its client waited for ever. Each is answered
     with JSON-RPC's error for its id, nothing runs, and the next request is served."""
     tools = isolated_mailbox.agent_tools()
-    client = {"name": "test", "version": "1"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
     call = '{"jsonrpc": "2.0", "method": "tools/call", "id": %s, "params": %s}'
     reserve = '{"name": "reserve_mailbox", "arguments": {"purpose": %s, "ttl": %s}}'
     unread = [
@@ -2438,23 +2457,8 @@ def test_mcp_server_answers_a_request_it_cannot_read_with_an_error(
         (call % (4, reserve % ('"signup"', 60)))[:-1],  # cut off
         call % (5, '["reserve_mailbox"]'),  # JSON, but params must be an object
     ]
-    pipe = subprocess.PIPE
-    with (
-        (tmp_path / "stderr").open("wb") as stderr,
-        subprocess.Popen(tools.mcp_command(), stdin=pipe, stdout=pipe, stderr=stderr) as server,
-    ):
-        assert server.stdin is not None
-        assert server.stdout is not None
-        session = [
-            json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}),
-            json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-            *unread,
-            json.dumps({"jsonrpc": "2.0", "id": "ping", "method": "ping"}),
-        ]
-        server.stdin.write("".join(line + "\n" for line in session).encode())
-        server.stdin.close()
-        answers = [json.loads(line) for line in server.stdout.read().splitlines()]
-        assert server.wait() == 0
+
+    answers = _piped(tools, [*unread, {"jsonrpc": "2.0", "id": "ping", "method": "ping"}])
 
     assert [(a["id"], a.get("error", {}).get("code")) for a in answers] == [
         (0, None),
@@ -2481,30 +2485,18 @@ def test_mcp_server_finds_the_id_on_a_cut_off_line_that_quotes_json_in_time(
     300 kB, minutes with no answer, no ping and no exit; at this line's 800 kB, about 11.
     Each quote is read once."""
     tools = isolated_mailbox.agent_tools()
-    client = {"name": "test", "version": "1"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
     quoted = json.dumps({f"key{i}": "value" for i in range(64_000)})
     arguments = {"purpose": quoted, "ttl": 60}
     params = {"name": "reserve_mailbox", "arguments": arguments}
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     session = [
-        json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}),
-        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         json.dumps(call)[: len(json.dumps(call)) // 2],  # cut off inside the quoted JSON
-        json.dumps({"jsonrpc": "2.0", "id": "ping", "method": "ping"}),
+        {"jsonrpc": "2.0", "id": "ping", "method": "ping"},
     ]
-    sent = "".join(line + "\n" for line in session).encode()
 
-    done = subprocess.run(
-        tools.mcp_command(),
-        input=sent,
-        capture_output=True,
-        check=False,
-        timeout=300,  # a hang's net: the scan, once quadratic, took about 11 minutes
-    )
+    # a hang's net: the scan, once quadratic, took about 11 minutes
+    answers = _piped(tools, session, timeout=300)
 
-    assert done.returncode == 0, done.stderr.decode()
-    answers = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(a["id"], a.get("error", {}).get("code")) for a in answers] == [
         (0, None),
         (1, -32700),
@@ -2520,25 +2512,12 @@ def test_mcp_server_answers_a_request_that_a_cancellation_naming_true_did_not_ca
     was taken for request 1, whose answer was then not waited for at the end of stdin."""
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
-    client = {"name": "test", "version": "1"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
     wait = {"fixture_id": own, "kind": "code", "timeout": 60}
     cancel = {"method": "notifications/cancelled", "params": {"requestId": True}}
-    session = [
-        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-        | {"params": {"name": "wait_for_message", "arguments": wait}},
-        {"jsonrpc": "2.0"} | cancel,
-    ]
-    sent = "".join(json.dumps(message) + "\n" for message in session).encode()
 
-    done = subprocess.run(
-        tools.mcp_command(), input=sent, capture_output=True, check=False, timeout=60
-    )
+    answered = _piped(tools, [_wait_call(1, wait), {"jsonrpc": "2.0"} | cancel])
 
-    assert done.returncode == 0, done.stderr.decode()
-    answers = {a["id"]: a for a in map(json.loads, done.stdout.splitlines())}
+    answers = {a["id"]: a for a in answered}
     assert sorted(answers) == [0, 1]
     assert answers[1]["result"]["structuredContent"]["reason"] == (
         "the wait was cut short: the toolset closed (its server is shutting down)"
@@ -2554,24 +2533,10 @@ def test_mcp_server_answers_requests_whose_ids_differ_in_type_only_before_it_exi
     closed, was not waited for and never answered."""
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
-    client = {"name": "test", "version": "1"}
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
     wait = {"fixture_id": own, "kind": "code", "timeout": 60}
-    session = [
-        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
-        | {"params": {"name": "wait_for_message", "arguments": wait}},
-        {"jsonrpc": "2.0", "id": "7", "method": "ping"},
-    ]
-    sent = "".join(json.dumps(message) + "\n" for message in session).encode()
 
-    done = subprocess.run(
-        tools.mcp_command(), input=sent, capture_output=True, check=False, timeout=60
-    )
+    answers = _piped(tools, [_wait_call(7, wait), {"jsonrpc": "2.0", "id": "7", "method": "ping"}])
 
-    assert done.returncode == 0, done.stderr.decode()
-    answers = [json.loads(line) for line in done.stdout.splitlines()]
     assert sorted(repr(a["id"]) for a in answers) == ["'7'", "0", "7"]
 
 
