@@ -568,12 +568,13 @@ class Store:
     def _failed(self, exc: sqlite3.Error, outcome: str) -> StoreError:
         """SQLite's refusal as the error the caller's contract knows (``provider_error``)."""
         why = "is its disk full, or did another program change or remove the file?"
-        length = len(os.fsencode(os.path.realpath(self.path)))
-        if length > _LONGEST_PATH and "unable to open" in str(exc):  # a deep TMPDIR, say
-            why = (
-                f"its path is {length} bytes long, and SQLite opens none longer than "
-                f"{_LONGEST_PATH}: give pytest a shorter --basetemp, or TMPDIR"
-            )
+        if "unable to open" in str(exc):  # a deep TMPDIR, say: the path is read then only
+            length = len(os.fsencode(os.path.realpath(self.path)))
+            if length > _LONGEST_PATH:
+                why = (
+                    f"its path is {length} bytes long, and SQLite opens none longer than "
+                    f"{_LONGEST_PATH}: give pytest a shorter --basetemp, or TMPDIR"
+                )
         return StoreError(f"the store {self.path} failed: {exc} ({why}); {outcome}")
 
     @contextmanager
