@@ -16,6 +16,7 @@ import pytest
 
 DJANGO_RECIPE = Path(__file__).parents[1] / "docs" / "examples" / "django_recipe"
 WITHOUT_PYTEST = Path(__file__).parents[1] / "docs" / "examples" / "without_pytest.py"
+SIGNUP = Path(__file__).parents[1] / "examples" / "signup"
 
 
 @pytest.mark.parametrize("workers", ["0", "2"], ids=["n0", "n2"])
@@ -47,6 +48,30 @@ def test_django_recipe_passes_beside_pytest_django(pytester: pytest.Pytester, wo
     )
     if workers == "2":
         result.stdout.fnmatch_lines(["created: 2/2 workers"])
+
+
+@pytest.mark.parametrize("mode", ["prepend", "importlib"])
+def test_the_signup_example_passes_in_either_import_mode(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    # Under importlib its conftest failed: "ModuleNotFoundError: No module named 'app'"
+    # (that mode puts no test's directory on sys.path, and app.py was imported as a
+    # top-level module). Run as `make demo` runs it, from the project's root.
+    result = pytester.run(
+        sys.executable,
+        "-m",
+        "pytest",
+        SIGNUP,
+        f"--import-mode={mode}",
+        "-W",
+        "error",
+        "-p",
+        "no:cacheprovider",
+        f"--basetemp={pytester.path / 'basetemp'}",
+        timeout=300,
+    )
+
+    result.assert_outcomes(passed=10)
 
 
 def copied_from_the_page() -> str:

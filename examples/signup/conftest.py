@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import pytest
-from app import SignupApp
 
 from pytest_mailbox import MailSink
+
+from .app import SignupApp
 
 
 @pytest.fixture

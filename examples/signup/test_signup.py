@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from app import SignupApp
 
 from pytest_mailbox import Mailbox
+
+from .app import SignupApp
 
 
 @pytest.mark.email_contract(purpose="signup", ttl=120, lease=30)
