@@ -546,6 +546,34 @@ def test_a_call_whose_masks_cannot_be_read_journals_its_texts_masked_whole(
     assert (entry.tool, entry.tool_call_id) == ("••••••••", "••••••••")
 
 
+def test_a_journal_removed_while_in_use_is_an_error_naming_it_not_a_new_empty_journal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each journal call opened the path as SQLite's default does: once the file was gone,
+    the next call made a new, empty journal in its place, and the evidence of every call
+    before it was lost without a word."""
+    with Store(tmp_path / "store.sqlite3") as store:
+        box = Mailbox.reserve(store, contract=EmailContract(purpose="signup"), domain="x.test")
+        tools = box.agent_tools()
+        journal = journal_path(store.path)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{journal}{suffix}").unlink(missing_ok=True)
+        gone = (
+            f"the agents' journal {journal} failed: unable to open database file (the file "
+            "is gone: something removed it while the run used it)"
+        )
+
+        with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):
+            answer = tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})
+        with pytest.raises(StoreError) as failed:
+            box.receipt()
+
+        assert answer["status"] == "provider_error"
+        assert gone in caplog.text
+        assert str(failed.value) == gone
+        assert not journal.exists()
+
+
 def journal_text(mailbox: Mailbox) -> str:
     """Every evidence entry as the journal's file holds it, read with plain SQLite."""
     with closing(sqlite3.connect(journal_path(mailbox.store.path))) as conn:

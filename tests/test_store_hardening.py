@@ -894,3 +894,64 @@ def test_a_commit_given_up_before_it_begins_stores_nothing(tmp_path: Path) -> No
     [(stored,)] = rows(store.path, "SELECT count(*) FROM messages")
     assert stored == 0
     store.close()
+
+
+@pytest.mark.parametrize("removed", [("",), ("", "-wal", "-shm")], ids=["file", "with-log"])
+def test_a_store_removed_while_in_use_is_a_store_error_not_a_new_empty_store(
+    tmp_path: Path, removed: tuple[str, ...]
+) -> None:
+    """Every connection opened the path as SQLite's default does, making a database of
+    it if there was none: once the file was gone (a cleanup, a second run given the same
+    --basetemp), a thread's first call, or a second handle's, made a new empty store in
+    its place and read or wrote there, so a mailbox reserved before was not found."""
+    store = Store(tmp_path / "store.sqlite3")
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="signup"), domain="mailbox.test")
+    for suffix in removed:
+        Path(f"{store.path}{suffix}").unlink(missing_ok=True)
+    failed: list[BaseException] = []
+
+    def in_a_new_thread() -> None:  # its first call opens its own connection
+        try:
+            store.mailbox(box.mailbox_id)
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=in_a_new_thread)
+    thread.start()
+    thread.join(SAFETY)
+
+    [error] = failed
+    assert isinstance(error, StoreError)
+    assert str(error) == (
+        f"the store {store.path} failed: unable to open database file (the file is gone: "
+        "something removed it while the run used it (a cleanup, another pytest run given "
+        "the same --basetemp); no new, empty store was made in its place); nothing was read"
+    )
+    assert not store.path.exists()
+    store.close()
+    failed.clear()
+    del error
+    gc.collect()  # no connection left for the collector (Python 3.13 warns: -W error)
+
+
+def test_a_store_opened_with_a_relative_path_keeps_its_file_when_the_directory_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that changed the working directory made a new, empty store there at the next
+    connection of a handle opened with a relative path (a new thread's)."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    store = Store(Path("store.sqlite3"))
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="signup"), domain="mailbox.test")
+    monkeypatch.chdir(tmp_path / "second")
+    found: list[object] = []
+    thread = threading.Thread(target=lambda: found.append(store.mailbox(box.mailbox_id)))
+    thread.start()
+    thread.join(SAFETY)
+
+    [row] = found
+    assert isinstance(row, MailboxRow)
+    assert row.mailbox_id == box.mailbox_id
+    assert not (tmp_path / "second" / "store.sqlite3").exists()
+    store.close()

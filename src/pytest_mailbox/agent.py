@@ -24,6 +24,7 @@ import functools
 import inspect
 import json
 import logging
+import os
 import re
 import secrets
 import sqlite3
@@ -77,7 +78,7 @@ from pytest_mailbox.message import (
     redact_url,
 )
 from pytest_mailbox.settings import argument
-from pytest_mailbox.store import Outcome, Store, owner_only
+from pytest_mailbox.store import Outcome, Store, existing_uri, owner_only
 from pytest_mailbox.vocabulary import shown, utc
 
 __all__ = ["MAX_CALLS", "AgentTools", "Answer", "NextAction", "journal_path"]
@@ -438,6 +439,7 @@ class _Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._uri = existing_uri(path)  # made below; once gone, an error (see existing_uri)
         with FileLock(f"{path}.lock"):
             owner_only(path)  # an agent's arguments may quote what the test's mail said
             with self._connect() as conn:
@@ -448,7 +450,14 @@ class _Journal:
     @contextmanager
     def _connect(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
         # One short connection per operation: tools are called from any thread.
-        conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        try:
+            conn = sqlite3.connect(self._uri, timeout=60.0, isolation_level=None, uri=True)
+        except sqlite3.Error as exc:
+            why = "the file is gone: something removed it while the run used it"
+            if Path(os.path.abspath(self.path)).exists():
+                why = "is its disk full, or did another program change the file?"
+            msg = f"the agents' journal {self.path} failed: {exc} ({why})"
+            raise StoreError(msg) from exc
         try:
             # As the store's: no fsync at each commit. A process that dies loses nothing;
             # a power cut might, in a file that lives for one run.

@@ -402,6 +402,12 @@ class Store:
         self._busy_timeout = busy_timeout
         self.wal_limit = wal_limit
         self._wal = Path(f"{self.path}-wal")
+        #: What every connection opens: the file made (``_open``), and only it, read from
+        #: the directory this handle started in. A plain path makes an empty database of
+        #: its name once the file is gone (deleted mid-run): every later connection (a new
+        #: thread's, the checkpointer's) saw an empty store, and lost the run's state.
+        self._where = Path(os.path.abspath(self.path))
+        self._uri = existing_uri(self._where)
         self._local = threading.local()
         #: Every connection this handle opened, with the thread it is that thread's for and
         #: the process that opened it (a child a test forks inherits the list).
@@ -464,7 +470,7 @@ class Store:
         if conn is None:
             # Each thread uses its own connections; only close() and the next thread's
             # first connection reach across threads.
-            conn = _connect(self.path, timeout=0.0 if writer else self._busy_timeout)
+            conn = _connect(self._uri, timeout=0.0 if writer else self._busy_timeout)
             conn.row_factory = sqlite3.Row
             setattr(self._local, key, conn)
             with self._lock:
@@ -570,7 +576,13 @@ class Store:
         why = "is its disk full, or did another program change or remove the file?"
         if "unable to open" in str(exc):  # a deep TMPDIR, say: the path is read then only
             length = len(os.fsencode(os.path.realpath(self.path)))
-            if length > _LONGEST_PATH:
+            if not self._where.exists():
+                why = (
+                    "the file is gone: something removed it while the run used it (a "
+                    "cleanup, another pytest run given the same --basetemp); no new, empty "
+                    "store was made in its place"
+                )
+            elif length > _LONGEST_PATH:
                 why = (
                     f"its path is {length} bytes long, and SQLite opens none longer than "
                     f"{_LONGEST_PATH}: give pytest a shorter --basetemp, or TMPDIR"
@@ -659,7 +671,7 @@ class Store:
     def _checkpointer_for(self) -> _Checkpointer:
         with self._lock:
             if self._checkpointer is None:
-                self._checkpointer = _Checkpointer(self.path)
+                self._checkpointer = _Checkpointer(self._uri)
             return self._checkpointer
 
     @property
@@ -1516,8 +1528,8 @@ class Store:
 class _Checkpointer:
     """A daemon thread with its own connection: checkpoints off every request's path."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, uri: str) -> None:
+        self._uri = uri
         self._wanted = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(
@@ -1534,7 +1546,7 @@ class _Checkpointer:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        conn = _connect(self._path, timeout=RESTART_HOLD)
+        conn = _connect(self._uri, timeout=RESTART_HOLD)
         try:
             while self._wanted.wait() and not self._stopping.is_set():
                 self._wanted.clear()
@@ -1571,7 +1583,15 @@ def owner_only(path: Path) -> None:
         os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
-def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
+def existing_uri(path: Path) -> str:
+    """``path`` as a SQLite URI that opens the file only if it is there (``mode=rw``, never
+    ``rwc``): a store or journal removed while the run uses it is an error that names it,
+    not a new empty database in its place. Absolute: a test that changes the working
+    directory leaves it where it was."""
+    return f"{Path(os.path.abspath(path)).as_uri()}?mode=rw"
+
+
+def _connect(uri: str, *, timeout: float) -> sqlite3.Connection:
     """A connection to the store that waits up to ``timeout`` for a lock, and never syncs.
 
     ``synchronous=OFF``: a commit or checkpoint is in the operating system's hands when it
@@ -1584,7 +1604,7 @@ def _connect(path: Path, *, timeout: float) -> sqlite3.Connection:
     set-up waits up to ``SETUP_TIMEOUT`` (once per connection), whatever ``timeout`` is.
     """
     conn = sqlite3.connect(
-        path, timeout=SETUP_TIMEOUT, isolation_level=None, check_same_thread=False
+        uri, timeout=SETUP_TIMEOUT, isolation_level=None, check_same_thread=False, uri=True
     )
     try:
         conn.execute("PRAGMA synchronous=OFF")
