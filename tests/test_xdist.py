@@ -324,12 +324,14 @@ def test_a_store_the_end_of_the_run_cannot_use_is_a_line_in_the_summary_not_a_tr
 ) -> None:
     # The StoreError left pytest_sessionfinish: a traceback in place of the summary (a
     # process that stopped inside a write held the store, in the case that found it).
+    # Then the line alone, with exit status 0: a CI run whose mailboxes were left open
+    # looked green. The tests' own outcomes stand; the run's status says the harness failed.
     pytester.makepyfile(BROKEN_STORE_SUITE)
 
     result, store = _run_apart(pytester, "-n", workers)
 
     result.assert_outcomes(passed=1)
-    assert result.ret == 0
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines(
         [
             "mailbox: the end of the run could not open its store: the store "
@@ -337,6 +339,40 @@ def test_a_store_the_end_of_the_run_cannot_use_is_a_line_in_the_summary_not_a_tr
         ]
     )
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+REMOVED_STORE_SUITE = """
+import os
+
+
+def test_its_store_is_removed(isolated_mailbox, mailbox_store):
+    # A cleanup removed the basetemp's files (this process's connections keep the file
+    # they opened, so the test's own teardown still closes its mailbox).
+    for suffix in ("", "-wal", "-shm"):
+        os.unlink(f"{mailbox_store.path}{suffix}")
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_store_removed_during_the_run_fails_the_run_at_its_end(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # The run's end found no file and said nothing: exit status 0, the counts missing.
+    pytester.makepyfile(REMOVED_STORE_SUITE)
+
+    result, store = _run_apart(pytester, "-n", workers)
+
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(
+        [
+            f"mailbox: the end of the run could not open its store: {store} is gone "
+            "(something removed it while the run used it: a cleanup, another pytest run "
+            "given the same --basetemp); the mailboxes its tests left open were not closed",
+        ]
+    )
+    result.stdout.no_fnmatch_line("mailbox: * reserved*")
+    assert not store.exists()
 
 
 def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None:

@@ -298,7 +298,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Every test is over: stop the fixed-port sink; close what this run left open (a
     crashed worker's mailboxes: ``orphaned``, then ``released_error``, or ``expired``).
     First: pytest's tmpdir plugin may remove the basetemp, store included, in its own
-    (``tmp_path_retention_policy = "failed"`` after a run that passed)."""
+    (``tmp_path_retention_policy = "failed"`` after a run that passed).
+
+    A run whose end could not use its store is no green run: its mailboxes' leases and
+    claims were left as they were, and the counts are missing. Its exit status becomes 3
+    (pytest's ``INTERNAL_ERROR``: the harness failed, not a test) if it would have been 0;
+    one that already says what went wrong (failed tests, an interrupt) stays."""
     config = session.config
     try:
         if _is_controller(config):
@@ -307,6 +312,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             _stop_workers(config)
     finally:  # a second interrupt while they stop: the bookkeeping still runs
         _finish(config)
+        if _store_failed_key in config.stash and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
 def _finish(config: pytest.Config) -> None:
@@ -321,6 +328,13 @@ def _finish(config: pytest.Config) -> None:
         # xdist created the basetemp that its workers share; their store lives there.
         path = _run_store_path(config)
     if path is None or not path.exists():
+        if path is not None and _made_store(config):
+            config.stash[_store_failed_key] = (
+                f"mailbox: the end of the run could not open its store: {path} is gone "
+                "(something removed it while the run used it: a cleanup, another pytest "
+                "run given the same --basetemp); the mailboxes its tests left open were "
+                "not closed"
+            )
         return
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
@@ -358,6 +372,13 @@ def _finish(config: pytest.Config) -> None:
     finally:
         if store is not None:
             store.close()
+
+
+def _made_store(config: pytest.Config) -> bool:
+    """This run made its store: here (a fixture or the fixed-port sink asked for it), or
+    in a worker whose report named a mailbox."""
+    reported = config.stash.get(_reported_key, None)
+    return _store_path_key in config.stash or bool(reported and reported.mailboxes)
 
 
 def _stop_workers(config: pytest.Config) -> None:
@@ -1142,10 +1163,12 @@ def pytest_terminal_summary(
     reported = config.stash.get(_reported_key, None)
     if reported is not None and reported.expired:
         terminalreporter.write_line(reported.expired_summary(), yellow=True)
-    for key in (_foreign_key, _store_failed_key):
-        said = config.stash.get(key, None)
-        if said is not None:
-            terminalreporter.write_line(said, yellow=True)
+    said = config.stash.get(_foreign_key, None)
+    if said is not None:
+        terminalreporter.write_line(said, yellow=True)
+    said = config.stash.get(_store_failed_key, None)
+    if said is not None:  # the run fails with it (exit status 3): see pytest_sessionfinish
+        terminalreporter.write_line(said, red=True, bold=True)
 
 
 #: A receipt's own mailbox id, as ``dump_receipt`` writes it: the first ``mailbox_id`` key
