@@ -115,6 +115,33 @@ def test_a_test_cut_short_gives_back_what_it_claimed(
     result.stdout.no_fnmatch_line("*mailbox:*1 consumed*")
 
 
+@pytest.mark.parametrize(
+    "stop",
+    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
+    ids=["ctrl-c", "pytest-exit"],
+)
+def test_a_test_cut_short_leaves_its_receipt_in_the_receipts_file(
+    pytester: pytest.Pytester, stop: str
+) -> None:
+    # pytest lets the interrupt through with no teardown report: the session's end tore
+    # the fixture down unreported, after the run's end had closed the mailbox as an
+    # orphan, and the receipts file had no line for the test. (Under -n 2 xdist stops
+    # with an internal error of its own; the controller's end closes the mailbox.)
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(INTERRUPTED_SUITE.format(stop=stop))
+
+    result, store = _run_apart(pytester, "--mailbox-receipts=receipts.jsonl")
+
+    assert result.ret == (7 if "returncode" in stop else pytest.ExitCode.INTERRUPTED)
+    (line,) = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    receipt = Receipt.model_validate_json(line)
+    assert receipt.nodeid.endswith("::test_interrupted")
+    assert (receipt.state, receipt.close_reason) == ("released", "released_error")
+    with closing(sqlite3.connect(store)) as db:
+        events = [status for (status,) in db.execute("SELECT status FROM events")]
+    assert "orphaned" not in events  # its own teardown closed it, not the run's end
+
+
 CONTROLLER_EXITS_CONFTEST = """
 import pytest
 

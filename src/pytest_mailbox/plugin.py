@@ -686,6 +686,40 @@ class _MarkerCheck:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """``pytest.exit()`` or Ctrl-C inside a test: pytest lets it through with no teardown
+    and no report; the session's end tears the test's fixtures down, which reports
+    nothing, so its mailboxes' receipts reached no receipts file. A test that has a
+    mailbox open is torn down here instead, as its own teardown would be (the call never
+    ended: ``released_error``), before the interrupt goes on: its receipt goes to the
+    receipts file, and a teardown that fails is reported as any is. JUnit XML gets no test
+    case for it, as pytest writes none for a test stopped so. Not in an xdist worker,
+    where the controller writes the receipts file and xdist itself stops with an
+    internal error."""
+    try:
+        return (yield)
+    except (pytest.exit.Exception, KeyboardInterrupt):
+        if item.stash.get(_mailboxes_key, None) and not _is_worker(item.config):
+            _teardown_stopped(item)
+        raise
+
+
+def _teardown_stopped(item: pytest.Item) -> None:
+    """Tear down ``item``, and the session with it, that an interrupt stopped mid-test."""
+    from _pytest.runner import call_and_report  # noqa: PLC0415 - pytest's own teardown step
+
+    report = call_and_report(item, "teardown", log=False, nextitem=None)
+    if report.failed:  # an error like any teardown's: every plugin sees it
+        item.ihook.pytest_runtest_logreport(report=report)
+        return
+    manager = item.config.pluginmanager
+    for name in ("mailbox-receipts", "mailbox-reported"):
+        plugin = manager.get_plugin(name)
+        if plugin is not None:
+            plugin.pytest_runtest_logreport(report)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """Mark the test's call as running, so its subtests' reports are told from its own;
     and whether it returned, which the call's report then judges (an xfail, say). A plugin
