@@ -1342,6 +1342,31 @@ def test_without_pytests_tmpdir_plugin_a_run_without_mailboxes_passes_and_one_wi
     fixed.stderr.fnmatch_lines(["*pytest-mailbox keeps its store in pytest's basetemp*"])
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_fixed_port_s_store_that_cannot_be_opened_is_a_usage_error_not_a_traceback(
+    pytester: pytest.Pytester, fixed_port: int, workers: str
+) -> None:
+    """The fixed-port sink's store is opened at the session's start: a StoreError there
+    (a --basetemp too deep for SQLite's 504 bytes) was an INTERNALERROR traceback."""
+    pytester.makepyfile(test_mail="def test_mail(isolated_mailbox):\n    pass\n")
+    deep = pytester.path.joinpath(*["d" * 100] * 5)
+    deep.parent.mkdir(parents=True)
+
+    result = pytester.runpytest_subprocess(
+        f"--basetemp={deep}", f"--mailbox-port={fixed_port}", "-n", workers
+    )
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: pytest-mailbox: the store {deep / 'pytest-mailbox.sqlite3'} failed: unable "
+            "to open database file (its path is * bytes long, and SQLite opens none longer "
+            "than 504: give pytest a shorter --basetemp, or TMPDIR); no store was opened"
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 @pytest.mark.parametrize("policy", ["failed", "none"])
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_the_summary_line_outlives_a_basetemp_removed_at_the_end(

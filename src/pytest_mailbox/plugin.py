@@ -260,7 +260,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config.stash[_store_path_key] = path
     from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
-    sink = _new_sink(config, Store(path), settings.port)
+    try:
+        store = Store(path)
+    except StoreError as exc:  # a path too long for SQLite: what to change, not a traceback
+        msg = f"pytest-mailbox: {exc}"
+        raise pytest.UsageError(msg) from None
+    sink = _new_sink(config, store, settings.port)
     try:
         sink.start()
     except SinkError as exc:
