@@ -736,6 +736,28 @@ def test_crashed_worker_claim_is_recovered(pytester: pytest.Pytester) -> None:
     assert sorted(c[0] for c in claims) == ["consumed", "released"]
 
 
+def test_a_crash_whose_store_another_program_replaced_is_said_in_its_report(
+    pytester: pytest.Pytester,
+) -> None:
+    # The controller's crash handler opened the store unguarded: its StoreError stopped
+    # the run with an INTERNALERROR traceback instead of the crash's report.
+    pytester.makepyfile(BROKEN_STORE_SUITE + "\n    os._exit(1)\n\n\ndef test_other():\n    pass\n")
+
+    result, store = _run_apart(pytester, "-n", "2")
+
+    result.assert_outcomes(passed=1, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "worker 'gw*' crashed while running '*::test_its_store_is_lost'",
+            "*- mailbox -*",
+            f"pytest-mailbox could not close this test's mailboxes: the store {store} failed: "
+            "file is not a database *",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def test_a_crashed_test_that_released_its_mailbox_early_is_no_success(
     pytester: pytest.Pytester,
 ) -> None:

@@ -1126,7 +1126,8 @@ class _CrashReceipts:
     reserved in that worker and that no report brought here goes into the crash report,
     as a passing teardown would have put it: a property (JUnit XML too), the JSON Lines
     file, and a ``mailbox`` section with the timeline. That includes a mailbox its own
-    teardown released before a later fixture's teardown killed the worker.
+    teardown released before a later fixture's teardown killed the worker. A store that
+    cannot be used then (another program replaced it) is said in that section instead.
     """
 
     def __init__(self, config: pytest.Config) -> None:
@@ -1149,8 +1150,9 @@ class _CrashReceipts:
         from pytest_mailbox.store import Store  # noqa: PLC0415
 
         reported = config.stash[_reported_key].mailboxes  # the receipts reports brought
-        store = Store(path)
+        store: Store | None = None
         try:
+            store = Store(path)
             store.close_orphans(
                 owner=crashitem,
                 worker=worker,
@@ -1176,8 +1178,14 @@ class _CrashReceipts:
                 mailbox.receipt().model_copy(update={"testrun_uid": testrun_uid})
                 for mailbox in mailboxes
             ]
+        except StoreError as exc:  # said in the crash's report: no INTERNALERROR
+            report.sections.append(
+                ("mailbox", f"pytest-mailbox could not close this test's mailboxes: {exc}")
+            )
+            return
         finally:
-            store.close()
+            if store is not None:
+                store.close()
         junit = config.stash.get(junitxml.xml_key, None)  # properties only at teardown
         for receipt in receipts:
             value = dump_receipt(receipt)
