@@ -955,3 +955,25 @@ def test_a_store_opened_with_a_relative_path_keeps_its_file_when_the_directory_c
     assert row.mailbox_id == box.mailbox_id
     assert not (tmp_path / "second" / "store.sqlite3").exists()
     store.close()
+
+
+def test_a_store_removed_before_its_checkpointer_starts_raises_nothing_in_its_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpointer's thread opens its connection when first asked (every
+    ``CHECKPOINT_EVERY``-th commit): once connections open only a file that is there, its
+    failure to open a removed store was an exception in a thread no one reads (an error
+    under -W error, from pytest's threadexception plugin)."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    store = Store(tmp_path / "store.sqlite3")
+    store.reserve(run_id="r-first", purpose="gone", ttl=600, domain="mailbox.test")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store.path}{suffix}").unlink(missing_ok=True)
+    for n in range(store_module.CHECKPOINT_EVERY):  # on the connection it has: the old file
+        store.reserve(run_id=f"r-{n}", purpose="gone", ttl=600, domain="mailbox.test")
+    assert store._checkpointer is not None  # asked, so started
+
+    store.close()  # joins its thread
+
+    assert raised == []

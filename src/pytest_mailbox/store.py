@@ -1546,7 +1546,10 @@ class _Checkpointer:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        conn = _connect(self._uri, timeout=RESTART_HOLD)
+        try:
+            conn = _connect(self._uri, timeout=RESTART_HOLD)
+        except sqlite3.Error:  # the file is gone: the writers' connections keep what they
+            return  # have, and the next new one says so (no error in a thread no one reads)
         try:
             while self._wanted.wait() and not self._stopping.is_set():
                 self._wanted.clear()
