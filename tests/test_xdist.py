@@ -402,6 +402,41 @@ def test_a_store_removed_during_the_run_fails_the_run_at_its_end(
     assert not store.exists()
 
 
+FAILS_WITH_ITS_STORE_GONE_SUITE = """
+import os
+
+
+def test_fails_with_its_store_gone(isolated_mailbox, mailbox_store):
+    for suffix in ("", "-wal", "-shm"):
+        os.unlink(f"{mailbox_store.path}{suffix}")
+    mailbox_store.close()  # the next call opens a connection: to no file
+    assert False
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_test_that_fails_once_its_store_is_gone_is_reported_not_an_internal_error(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # Its report's timeline read the store: the StoreError left pytest_runtest_makereport,
+    # an INTERNALERROR that ended the run there.
+    pytester.makepyfile(FAILS_WITH_ITS_STORE_GONE_SUITE)
+
+    result, store = _run_apart(pytester, "-n", workers)
+
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert result.parseoutcomes()["failed"] == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*- mailbox -*",
+            f"mail-*@mailbox.test: its timeline could not be read: the store {store} failed: "
+            "unable to open database file (the file is gone: something removed it while the "
+            "run used it *",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def _assert_consumed_exactly_once(pytester: pytest.Pytester, count: int) -> None:
     with _store(pytester) as db:
         assert db.execute("SELECT COUNT(*) FROM messages WHERE state = 'consumed'").fetchone() == (

@@ -755,8 +755,12 @@ def pytest_runtest_makereport(
     if report.failed and report.when in ("setup", "call"):
         item.stash[_failed_key] = True
         for mailbox in item.stash.get(_mailboxes_key, []):
-            mailbox.did_not_pass()  # released early as a success: its timeline says otherwise
-            report.sections.append(("mailbox", mailbox.receipt().timeline()))
+            try:
+                mailbox.did_not_pass()  # released early as a success: its timeline says so
+                timeline = mailbox.receipt().timeline()
+            except StoreError as exc:  # the store failed under the test: no INTERNALERROR
+                timeline = f"{mailbox.address}: its timeline could not be read: {exc}"
+            report.sections.append(("mailbox", timeline))
     if report.when == "teardown":
         # pytest keeps every item to the end of the session: the receipts are all that stay.
         closed, item.stash[_closed_key] = item.stash.get(_closed_key, []), []
@@ -790,6 +794,8 @@ def _teardown_failed(
             receipt = mailbox.receipt().model_copy(
                 update={"testrun_uid": item.config.stash[_testrun_key]}
             )
+        except StoreError:  # the store failed since: the receipt it left stands
+            continue
         finally:
             if reopened:
                 mailbox.store.close()

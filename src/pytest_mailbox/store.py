@@ -574,15 +574,15 @@ class Store:
     def _failed(self, exc: sqlite3.Error, outcome: str) -> StoreError:
         """SQLite's refusal as the error the caller's contract knows (``provider_error``)."""
         why = "is its disk full, or did another program change or remove the file?"
-        if "unable to open" in str(exc):  # a deep TMPDIR, say: the path is read then only
+        if not self._where.exists():  # a connection opened before still reads what it can
+            why = (
+                "the file is gone: something removed it while the run used it (a cleanup, "
+                "another pytest run given the same --basetemp); no new, empty store was "
+                "made in its place"
+            )
+        elif "unable to open" in str(exc):  # a deep TMPDIR, say: the path is read then only
             length = len(os.fsencode(os.path.realpath(self.path)))
-            if not self._where.exists():
-                why = (
-                    "the file is gone: something removed it while the run used it (a "
-                    "cleanup, another pytest run given the same --basetemp); no new, empty "
-                    "store was made in its place"
-                )
-            elif length > _LONGEST_PATH:
+            if length > _LONGEST_PATH:
                 why = (
                     f"its path is {length} bytes long, and SQLite opens none longer than "
                     f"{_LONGEST_PATH}: give pytest a shorter --basetemp, or TMPDIR"
