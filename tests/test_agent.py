@@ -43,6 +43,7 @@ from pytest_mailbox import (
     Receipt,
     Status,
     StoreError,
+    WaitTimeout,
 )
 from pytest_mailbox import agent as agent_module
 from pytest_mailbox import message as message_module
@@ -1240,6 +1241,136 @@ def test_refusals_of_the_store_are_answers_that_tell_what_to_do(
     app.assert_secret_free(json.dumps(trail(isolated_mailbox)))
 
 
+# -- plus-tags: a second address in the run's mailbox ------------------------------------------
+
+TAGGED = pytest.mark.email_contract(
+    purpose="signup", ttl=120, lease=30, link_domains=[APP], max_reads=10
+)
+#: What a tag no address could carry is told, in the agent's answer as in the Python API.
+NO_TAG = (
+    "a plus-tag is up to 64 letters, digits or any of !#$%&'*+/=?^_`{|}~.- (no '@', spaces "
+    "or quotes); '' for mail to the alias alone"
+)
+
+
+def _invited(mailbox: Mailbox, store: Store, app: SignupApp) -> tuple[str, str]:
+    """The friend's mail (to ``alias+friend@``) and the inviter's copy (to the alias), of
+    one subject and each with a link and a code: (friend's message_id, copy's)."""
+    app.signup(mailbox.tagged("friend"))
+    app.signup(mailbox.address)
+    rows = store.messages(mailbox.mailbox_id)
+    (friends,) = [m.message_id for m in rows if m.tag == "friend"]
+    (copy,) = [m.message_id for m in rows if m.tag is None]
+    return friends, copy
+
+
+@TAGGED
+def test_an_agent_waits_for_and_claims_the_friends_mail_by_tag(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    friends, copy = _invited(isolated_mailbox, mailbox_store, app)
+
+    def wait(**tag: Any) -> dict[str, Any]:
+        return tools.call(
+            "wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5, **tag}
+        )
+
+    def claim(selector: dict[str, Any]) -> dict[str, Any]:
+        return tools.call("claim_message", {"fixture_id": own, "selector": selector})
+
+    # without a tag, the two are one subject with one link each: ambiguous, never a guess
+    assert wait(tag=None)["message_ids"] == [friends, copy]
+    assert (wait(tag="Friend")["status"], wait(tag="friend")["message_id"]) == ("waiting", friends)
+    assert wait(tag="")["message_id"] == copy  # the address itself
+    taken = claim({"subject_contains": "Verify", "tag": "FRIEND"})
+    assert (taken["status"], taken["message_id"]) == ("claimed", friends)
+    assert app.verify(tools.reveal(friends, domain=APP))
+    assert app.verified == {isolated_mailbox.tagged("friend")}  # the friend's link, not the copy's
+    mine = claim({"tag": ""})
+    assert (mine["status"], mine["message_id"]) == ("claimed", copy)
+    # a retried claim by tag finds the claim this toolset holds, as one by subject does
+    again = claim({"tag": "friend"})
+    assert (again["status"], again["message_id"], again["fence"]) == (
+        "already_claimed",
+        friends,
+        taken["fence"],
+    )
+    # the timeline says which address each wait was for, as the Python API's waits do
+    steps = [e.detail for e in isolated_mailbox.receipt().events]
+    assert {"tag='friend'", "tag=''"} <= set(steps)
+    app.assert_secret_free(json.dumps(trail(isolated_mailbox)))
+
+
+@TAGGED
+def test_a_tag_no_address_could_carry_is_rejected_naming_the_field(
+    isolated_mailbox: Mailbox, mailbox_store: Store
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    before = untouched(mailbox_store, isolated_mailbox)
+    for bad, problem in [
+        ("a b", NO_TAG),
+        ("x@y", NO_TAG),
+        ("t" * 65, NO_TAG),
+        (7, "Input should be a valid string"),
+    ]:
+        waited = tools.call(
+            "wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 0, "tag": bad}
+        )
+        assert waited == {
+            "status": "rejected",
+            "reason": f"invalid arguments for wait_for_message: tag: {problem}",
+            "next_action": {"do": "fix_arguments", "tool": "wait_for_message"},
+        }
+        claimed = tools.call("claim_message", {"fixture_id": own, "selector": {"tag": bad}})
+        assert claimed["reason"] == f"invalid arguments for claim_message: selector.tag: {problem}"
+        with pytest.raises(ContractError) as python:  # the same words as the Python API's
+            isolated_mailbox.wait_for(tag=bad, timeout=0)
+        assert f"is invalid: {problem}" in str(python.value)
+    both = {"message_id": "m-0123456789ab", "tag": "friend"}
+    assert tools.call("claim_message", {"fixture_id": own, "selector": both})["reason"] == (
+        "invalid arguments for claim_message: selector: give message_id or tag, not both "
+        "(a message_id names one message already)"
+    )
+    assert untouched(mailbox_store, isolated_mailbox) == before
+    assert {tuple(steps) for _, steps, _ in trail(isolated_mailbox)} == {("proposed", "rejected")}
+
+
+@TAGGED
+def test_a_tag_that_looks_like_a_token_is_masked_as_the_python_api_masks_it(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """A reply-by-mail address's tag is a token: the agent's evidence and the timeline show
+    it masked, as a timeout of ``wait_for(tag=...)`` does, never in clear."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    token = "Kx7pQ2mZr9TbW4nYv8Ls"
+    app.signup(isolated_mailbox.tagged(token))
+    with pytest.raises(WaitTimeout) as python:
+        isolated_mailbox.wait_for(tag="other", timeout=0)
+    shown = "\u2022" * 18 + "ls"
+    assert f"its tag is '{shown}', not 'other'" in str(python.value)
+    waited = tools.call(
+        "wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 0, "tag": token}
+    )
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {"tag": token}})
+    assert (waited["status"], claimed["status"]) == ("waiting", "claimed")
+    assert [e.arguments for e in tools.evidence()] == [
+        {"fixture_id": own, "kind": "code", "timeout": 0.0, "tag": shown},
+        {
+            "fixture_id": own,
+            "selector": {"message_id": None, "subject_contains": None, "tag": shown},
+            "lease": None,
+        },
+    ]
+    steps = [e.detail for e in isolated_mailbox.receipt().events]
+    assert f"tag='{shown}'" in steps
+    text = json.dumps([waited, claimed]) + dump_receipt(isolated_mailbox.receipt())
+    assert token.lower() not in text.lower()
+
+
 @pytest.mark.email_contract(purpose="signup", mode="dry-run", max_reads=2)
 def test_dry_run_answers_what_would_happen_and_touches_nothing(
     isolated_mailbox: Mailbox, mailbox_store: Store
@@ -2031,8 +2162,9 @@ def test_definitions_in_the_shapes_of_openai_anthropic_and_mcp(isolated_mailbox:
     # no not), said in its description in every format
     rule = (
         "Which message to claim: by message_id, or the only one whose subject contains a "
-        "text. Give one of message_id and subject_contains, not both: leave the other null "
-        "(both null: the only message there is to claim)."
+        "text and/or that was sent to the address with a plus-tag. Give message_id alone, "
+        "or subject_contains and/or tag: leave the others null (all null: the only message "
+        "there is to claim)."
     )
     for parameters in (
         next(
@@ -2134,6 +2266,46 @@ def test_mcp_server_over_stdio_answers_like_the_toolset_in_process(
     ]
     assert len(evidence) == len(served) + len(in_process) + 2
     app.assert_secret_free(json.dumps(answers), dump_receipt(isolated_mailbox.receipt()))
+
+
+@TAGGED
+def test_mcp_server_publishes_the_tag_and_an_agent_claims_the_friends_mail_by_it(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    friends, copy = _invited(isolated_mailbox, mailbox_store, app)
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+
+    async def session() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+            answers = []
+            for name, arguments in [
+                ("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 5, "tag": ""}),
+                ("claim_message", {"fixture_id": own, "selector": {"tag": "friend"}}),
+                ("claim_message", {"fixture_id": own, "selector": {"tag": "no space"}}),
+            ]:
+                result = await client.call_tool(name, arguments)
+                answers.append(dict(result.structured_content or {}))
+            return listed, answers
+
+    listed, (waited, claimed, rejected) = asyncio.run(session())
+
+    tag = listed["wait_for_message"]["properties"]["tag"]
+    assert tag == listed["claim_message"]["properties"]["selector"]["properties"]["tag"]
+    assert tag["anyOf"] == [
+        {"type": "string", "pattern": "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{0,64}$"},
+        {"type": "null"},
+    ]
+    assert "plus-tag" in tag["description"]
+    assert (waited["status"], waited["message_id"]) == ("waiting", copy)
+    assert (claimed["status"], claimed["message_id"]) == ("claimed", friends)
+    assert rejected["reason"] == f"invalid arguments for claim_message: selector.tag: {NO_TAG}"
+    assert app.verify(tools.reveal(friends, domain=APP))
+    assert app.verified == {isolated_mailbox.tagged("friend")}
 
 
 def test_mcp_server_refuses_to_start_without_a_valid_binding(

@@ -150,3 +150,56 @@ def test_pydantic_ai_test_model_calls_every_tool_and_nothing_runs(
     assert {a["status"] for a in answers.values()} <= {"rejected", "policy_denied"}
     assert untouched(mailbox_store, isolated_mailbox) == before
     assert {tuple(steps) for _, steps, _ in trail(isolated_mailbox)} == {("proposed", "rejected")}
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, link_domains=[APP], max_reads=5)
+def test_pydantic_ai_agent_tells_the_friends_invitation_from_the_copy_by_tag(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    friend = isolated_mailbox.tagged("friend")
+    app.signup(friend)  # one subject for both: only the address tells them apart
+    app.signup(isolated_mailbox.address)
+    (friends,) = [m.message_id for m in mailbox_store.messages(own) if m.tag == "friend"]
+
+    def open_invitation(message_id: str) -> dict[str, bool]:
+        """The harness opens the invitation's link; the model never sees it."""
+        return {"opened": app.verify(tools.reveal(message_id, domain=APP))}
+
+    offered: dict[str, Any] = {}
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        offered.update({t.name: t.parameters_json_schema for t in info.function_tools})
+        got = _returns(messages)
+        step: tuple[str, dict[str, Any]] | None = None
+        if "wait_for_message" not in got:
+            wait = {"fixture_id": own, "kind": "link", "timeout": 5, "tag": "friend"}
+            step = ("wait_for_message", wait)
+        elif "claim_message" not in got:
+            selector = {"message_id": None, "subject_contains": None, "tag": "friend"}
+            step = ("claim_message", {"fixture_id": own, "selector": selector, "lease": None})
+        elif "open_invitation" not in got:
+            step = ("open_invitation", {"message_id": got["claim_message"]["message_id"]})
+        if step is None:
+            return ModelResponse(parts=[TextPart("Opened the invitation.")])
+        return ModelResponse(parts=[ToolCallPart(step[0], step[1])])
+
+    agent = Agent(
+        FunctionModel(model), tools=_pydantic_ai_tools(tools, {"open_invitation": open_invitation})
+    )
+    result = asyncio.run(agent.run("Open the invitation sent to the friend."))
+
+    assert result.output == "Opened the invitation."
+    assert "tag" in offered["wait_for_message"]["properties"]
+    assert "tag" in offered["claim_message"]["properties"]["selector"]["properties"]
+    assert app.verified == {friend}
+    assert [(tool, status) for tool, _, status in trail(isolated_mailbox)] == [
+        ("wait_for_message", "waiting"),
+        ("claim_message", "claimed"),
+    ]
+    claimed = _returns(result.all_messages())["claim_message"]
+    assert (claimed["status"], claimed["message_id"]) == ("claimed", friends)
+    wait, claim = (e.arguments for e in tools.evidence())
+    assert (wait["tag"], claim["selector"]["tag"]) == ("friend", "friend")
+    app.assert_secret_free(json.dumps(result.all_messages_json().decode()))

@@ -48,10 +48,18 @@ from pydantic import (
     Field,
     ValidationError,
     field_serializer,
+    field_validator,
 )
 from pydantic import model_validator as _model_validator
 
-from pytest_mailbox.contract import AgentEvidence, CloseReason, EmailContract, Selector, Status
+from pytest_mailbox.contract import (
+    AgentEvidence,
+    CloseReason,
+    EmailContract,
+    Selector,
+    Status,
+    tag_problem,
+)
 from pytest_mailbox.endpoint import normalize_domain
 from pytest_mailbox.errors import (
     AlreadyClaimed,
@@ -75,6 +83,7 @@ from pytest_mailbox.message import (
     mask_copied,
     mask_extracted,
     mask_recorded,
+    mask_tag,
     redact_url,
 )
 from pytest_mailbox.settings import argument
@@ -158,7 +167,40 @@ class ReserveMailbox(_Arguments):
     ttl: WholeNumber = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
 
 
-class WaitForMessage(_Arguments):
+#: A plus-tag as the schema says it; ``_a_tag`` checks it first, in the Python API's words.
+_TAG = r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{0,64}$"
+_TAG_ABOUT = (
+    "Only mail sent to the address with this plus-tag ('friend' for alias+friend@domain), "
+    "'' for mail to the address itself, null for either."
+)
+
+
+def _tag_field() -> Any:
+    return Field(default=None, pattern=_TAG, description=_TAG_ABOUT)
+
+
+class _Tagged(_Arguments):
+    """Arguments with a ``tag``, checked as ``Mailbox.wait_for(tag=)`` checks it, and
+    masked in evidence as the Python API masks a tag that looks like a token."""
+
+    @field_validator("tag", mode="before", check_fields=False)
+    @classmethod
+    def _a_tag(cls, value: object) -> object:
+        """Refused in ``Selector``'s words before the pattern's: a tag no address could
+        carry (a wait with it could only time out); lower case, as the sink keeps a tag."""
+        if not isinstance(value, str):  # None, or not text: the type's to take or refuse
+            return value
+        problem = tag_problem(value, empty=True)
+        if problem is not None:
+            raise ValueError(problem)
+        return value.lower()
+
+    @field_serializer("tag", check_fields=False)
+    def _tag_masked(self, value: str | None) -> str | None:
+        return mask_tag(value) if value else value
+
+
+class WaitForMessage(_Tagged):
     """Wait until a message with a link or a code arrives. Its content is never shown."""
 
     fixture_id: FixtureId
@@ -166,12 +208,14 @@ class WaitForMessage(_Arguments):
     timeout: float = Field(
         ge=0, le=MAX_WAIT, allow_inf_nan=False, description="Seconds to wait at most."
     )
+    tag: str | None = _tag_field()
 
 
-class MessageSelector(_Arguments):
-    """Which message to claim: by message_id, or the only one whose subject contains a text.
-    Give one of message_id and subject_contains, not both: leave the other null (both null:
-    the only message there is to claim)."""
+class MessageSelector(_Tagged):
+    """Which message to claim: by message_id, or the only one whose subject contains a text
+    and/or that was sent to the address with a plus-tag. Give message_id alone, or
+    subject_contains and/or tag: leave the others null (all null: the only message there
+    is to claim)."""
 
     message_id: MessageId | None = None
     subject_contains: str | None = Field(
@@ -180,13 +224,27 @@ class MessageSelector(_Arguments):
         pattern=r"^[^\r\n]*$",
         description="Text the subject contains (one line).",
     )
+    tag: str | None = _tag_field()
 
     @_model_validator(mode="after")
     def _one_way(self) -> MessageSelector:
         if self.message_id is not None and self.subject_contains is not None:
             msg = "give message_id or subject_contains, not both"
             raise ValueError(msg)
+        if self.message_id is not None and self.tag is not None:
+            msg = "give message_id or tag, not both (a message_id names one message already)"
+            raise ValueError(msg)
         return self
+
+    def fields(self) -> dict[str, str]:
+        """The selector's fields for ``Mailbox.wait_for`` (an empty subject_contains is
+        none; an empty tag is the address itself)."""
+        given: dict[str, str] = {}
+        if self.subject_contains:
+            given["subject_contains"] = self.subject_contains
+        if self.tag is not None:
+            given["tag"] = self.tag
+        return given
 
     @field_serializer("subject_contains")
     def _masked(self, value: str | None) -> str | None:
@@ -1187,6 +1245,7 @@ class AgentTools:
             carries,
             timeout=args.timeout,
             stop=self._closing,  # close(): ends at the next poll, scanning only on news
+            selector=Selector(tag=args.tag),
         )
         if not offered and self._closing.is_set():
             cut = "the wait was cut short: the toolset closed (its server is shutting down)"
@@ -1252,13 +1311,11 @@ class AgentTools:
             self._offered(chosen.message_id)
             claimed = mailbox.claim(chosen.message_id, lease=args.lease)
         else:
-            subject = (
-                {"subject_contains": chosen.subject_contains} if chosen.subject_contains else {}
-            )
+            given = chosen.fields()
             try:
-                claimed = mailbox.wait_for(timeout=0, lease=args.lease, **subject)
+                claimed = mailbox.wait_for(timeout=0, lease=args.lease, **given)
             except WaitTimeout:
-                self._held(subject)  # a retried claim: raises already_claimed
+                self._held(given)  # a retried claim: raises already_claimed
                 raise
         assert claimed.lease_until is not None
         self._issued.setdefault(claimed.message_id, set()).add(claimed.fence)
@@ -1294,12 +1351,12 @@ class AgentTools:
         result = {"message_id": message_id, "why": reason}
         raise MailboxClosed(message_id, status=Status.POLICY_DENIED, result=result)
 
-    def _held(self, subject: dict[str, str]) -> None:
-        """Raise ``AlreadyClaimed`` for the one live claim of this toolset that ``subject``
+    def _held(self, given: dict[str, str]) -> None:
+        """Raise ``AlreadyClaimed`` for the one live claim of this toolset that ``given``
         selects (``AmbiguousMatch`` for several), as a retried claim by message_id is told;
         return if there is none. Only this toolset's own claims: a fence is its proof."""
         mailbox, now = self.mailbox, self.mailbox.store.clock()
-        chosen = mailbox._selector(subject)
+        chosen = mailbox._selector(given)
         held = [
             row
             for row in mailbox.store.messages(mailbox.mailbox_id)

@@ -469,12 +469,14 @@ class Mailbox:
         *,
         timeout: float,
         stop: threading.Event | None = None,
+        selector: Selector | None = None,
     ) -> list[tuple[MessageRow, Message]]:
         """Wait up to ``timeout`` seconds for unclaimed messages after the checkpoint that
-        ``keep`` accepts, claiming none: those of the first look that finds any, or none.
-        Marks the mailbox waiting, as ``wait_for`` does (the agent's ``wait_for_message``).
-        Setting ``stop`` ends the wait at the next poll, with one more look."""
-        selector = Selector()
+        ``selector`` matches and ``keep`` accepts, claiming none: those of the first look
+        that finds any, or none. Marks the mailbox waiting, as ``wait_for`` does (the
+        agent's ``wait_for_message``). Setting ``stop`` ends the wait at the next poll,
+        with one more look."""
+        selector = selector or Selector()
         self._mark_waiting(_describe(selector))
         deadline = time.monotonic() + timeout
 
