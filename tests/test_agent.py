@@ -32,7 +32,7 @@ import pytest
 import storekit
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from storekit import claim
-from test_store import deliver, reserve_mailbox
+from test_store import _replaced, deliver, reserve_mailbox
 
 from pytest_mailbox import (
     ContractError,
@@ -125,6 +125,11 @@ def stable(answer: dict[str, Any]) -> dict[str, Any]:
 def trail(mailbox: Mailbox) -> list[tuple[str, list[str], str]]:
     """(tool, steps, status) of every evidence entry in the run's receipt, in order."""
     return [(e.tool, e.steps, e.status) for e in mailbox.receipt().evidence or []]
+
+
+def trail_of(tools: AgentTools) -> list[tuple[str, list[str], str]]:
+    """(tool, steps, status) of every evidence entry of the run's tools, in order."""
+    return [(e.tool, e.steps, e.status) for e in tools.evidence()]
 
 
 def untouched(store: Store, mailbox: Mailbox) -> tuple[object, ...]:
@@ -964,6 +969,38 @@ def test_after_the_harness_released_the_mailbox_every_call_is_released(
         released  # not a policy_denied that would send it to reserve_mailbox again
     )
     assert [steps for _, steps, _ in trail(isolated_mailbox)] == [["proposed", "rejected"]] * 3
+
+
+def test_a_mailbox_gone_from_its_store_is_policy_denied_for_the_agent_not_expired(
+    store: Store, db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another pytest run given the same --basetemp replaced the store: the mailbox did not
+    expire, and the agent is told what the Python API's ``MailboxClosed`` says."""
+    mailbox = reserve_mailbox(store)
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    reserve = {"purpose": "verification", "ttl": 60}
+    assert tools.call("reserve_mailbox", reserve)["status"] == "reserved"
+    _replaced(store, db)
+    with pytest.raises(MailboxClosed) as python:
+        mailbox.wait_for(timeout=0)
+    assert python.value.status is Status.POLICY_DENIED
+
+    gone = {
+        "status": "policy_denied",
+        "reason": "this run's mailbox is gone from its store (the file was removed or "
+        "replaced while the run used it): terminal, the harness decides what comes next",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    for name, arguments in [
+        ("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 5}),
+        ("claim_message", {"fixture_id": own, "selector": {}}),
+        ("release_mailbox", {"fixture_id": own, "reason": "released_success"}),
+    ]:
+        assert stable(tools.call(name, arguments)) == gone
+    assert [steps for _, steps, _ in trail_of(tools)][1:] == [["proposed", "rejected"]] * 3
+    assert not caplog.records  # an answer, not a harness failure
 
 
 def test_a_stale_fence_is_refused_and_changes_nothing(

@@ -796,6 +796,31 @@ def test_a_mailbox_gone_from_its_store_says_so_not_that_it_expired(store: Store,
     )
 
 
+def _replaced(store: Store, db: Path) -> None:
+    """Put a fresh store (another run's) in ``store``'s place, as a second pytest run given
+    the same --basetemp does; ``store``'s next reads open the file now at its path."""
+    fresh = db.with_name("fresh.sqlite3")
+    Store(fresh).close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    fresh.rename(db)
+    store.close()
+
+
+def test_the_state_of_a_mailbox_gone_from_its_store_is_no_expiry(store: Store, db: Path) -> None:
+    mailbox = reserve_mailbox(store)
+    assert mailbox.state == "reserved"
+    _replaced(store, db)
+
+    with pytest.raises(MailboxClosed) as gone:
+        mailbox.state  # noqa: B018 - the property is the call
+
+    assert gone.value.status is Status.POLICY_DENIED
+    assert str(gone.value).startswith(
+        f"policy_denied: mailbox {mailbox.address} (test t::test) is not in the store {db}: "
+    )
+
+
 def test_history_reads_the_mailbox_its_messages_timeline_and_secrets_together(
     store: Store,
 ) -> None:

@@ -1134,12 +1134,34 @@ class AgentTools:
         if self._terminal is None:
             if self._remaining_ms() == 0:
                 self._terminal = self._closed(Status.EXPIRED)
-            elif (state := self.mailbox.state) in _CLOSED_STATES:
+            elif (state := self._state()) is None:
+                self._terminal = self._gone()
+            elif state in _CLOSED_STATES:
                 self._terminal = self._closed(Status(state))
             elif self.contract.mode == "dry-run" and self._journal.released(
                 self.mailbox.mailbox_id
             ):
                 self._terminal = self._closed(Status.RELEASED, simulated=True)
+        return self._terminal
+
+    def _state(self) -> str | None:
+        """The mailbox's state, or None if it is gone from its store (``Mailbox.state``
+        raises ``policy_denied`` for it, as every operation on it does)."""
+        try:
+            return self.mailbox.state
+        except MailboxClosed as exc:
+            if exc.status is not Status.POLICY_DENIED:  # pragma: no cover - state raises no other
+                raise
+            return None
+
+    def _gone(self) -> Answer:
+        """The terminal answer of a mailbox gone from its store: not ``expired`` (no ttl ran
+        out), but ``policy_denied``, as the Python API's ``MailboxClosed`` says."""
+        reason = (
+            "this run's mailbox is gone from its store (the file was removed or replaced "
+            "while the run used it): terminal, the harness decides what comes next"
+        )
+        self._terminal = self._reply(Status.POLICY_DENIED, _STOP, reason)
         return self._terminal
 
     def _over_budget(self, tool: _Tool) -> Answer:
@@ -1379,6 +1401,8 @@ class AgentTools:
         status, result = exc.status, exc.result
         if status in _CLOSED:
             return self._closed(status)
+        if status is Status.POLICY_DENIED and result.get("mailbox_id") == self.mailbox.mailbox_id:
+            return self._gone()  # the mailbox vanished from its store during the call
         if isinstance(args, ClaimMessage):
             args = args.selector
         ids = {} if status is Status.POLICY_DENIED else _id(args)  # never echo another's id

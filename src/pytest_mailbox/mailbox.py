@@ -411,9 +411,16 @@ class Mailbox:
 
     @property
     def state(self) -> str:
-        """The reservation's state now: reserved, waiting, claimed, consumed, released, expired."""
+        """The reservation's state now: reserved, waiting, claimed, consumed, released, expired.
+
+        A mailbox gone from its store (the file was removed or replaced) has no state:
+        ``MailboxClosed`` (``policy_denied``) says so, as every operation on it does. It did
+        not expire, and no ttl explains it."""
+        __tracebackhide__ = True
         row = self.store.mailbox(self.mailbox_id)
-        return row.state if row is not None else Status.EXPIRED.value
+        if row is None:
+            raise self._refused(Status.POLICY_DENIED, None)
+        return row.state
 
     def __repr__(self) -> str:
         return f"<Mailbox {self.address} run={self.run_id} id={self.mailbox_id}>"
@@ -691,8 +698,12 @@ class Mailbox:
             reason = row.close_reason
         else:
             return
+        raise self._refused(state, reason)
+
+    def _refused(self, state: Status, reason: str | None) -> MailboxClosed:
+        """The refusal of a closed, stale or vanished (``policy_denied``) reservation."""
         msg = f"{state.value}: {self._closed(state, reason)}"
-        raise MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
+        return MailboxClosed(msg, status=state, result={"mailbox_id": self.mailbox_id})
 
     def _raise_for(self, outcome: Outcome, what: str) -> Outcome:
         """Return a successful outcome; raise the typed exception of a failed one, with why
