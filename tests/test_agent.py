@@ -2345,6 +2345,42 @@ def test_mcp_server_publishes_the_tag_and_an_agent_claims_the_friends_mail_by_it
     assert app.verified == {isolated_mailbox.tagged("friend")}
 
 
+@pytest.mark.email_contract(purpose="signup", link_domains=[APP], max_reads=5)
+def test_mcp_server_honours_the_tests_checkpoint_as_the_toolset_in_process_does(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """The test's ``checkpoint()`` (before or after it made the tools) holds for its agent
+    over MCP too: a mail sent before it is not offered, in another process either."""
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)  # an earlier step's mail
+    isolated_mailbox.checkpoint()
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+
+    async def served(*calls: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            return [
+                dict((await client.call_tool(name, arguments)).structured_content or {})
+                for name, arguments in calls
+            ]
+
+    def ids(answer: dict[str, Any]) -> tuple[str, str | None]:
+        return answer["status"], answer.get("message_id")
+
+    (early,) = asyncio.run(served(("wait_for_message", wait)))
+    assert ids(early) == ids(tools.call("wait_for_message", wait)) == ("waiting", None)
+    app.signup(isolated_mailbox.address)
+    (new,) = [m.message_id for m in mailbox_store.messages(own)][1:]
+    isolated_mailbox.checkpoint()  # after the tools were made: the new mail is old now too
+    claim = {"fixture_id": own, "selector": {"message_id": new}}
+    waited, claimed = asyncio.run(served(("wait_for_message", wait), ("claim_message", claim)))
+    assert ids(waited) == ("waiting", None)
+    assert ids(claimed) == ("policy_denied", new)
+
+
 def test_mcp_server_refuses_to_start_without_a_valid_binding(
     isolated_mailbox: Mailbox,
     mailbox_store: Store,

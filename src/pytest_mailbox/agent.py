@@ -88,7 +88,7 @@ from pytest_mailbox.message import (
 )
 from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Outcome, Store, existing_uri, owner_only
-from pytest_mailbox.vocabulary import shown, utc
+from pytest_mailbox.vocabulary import Checkpoint, shown, utc
 
 __all__ = ["MAX_CALLS", "AgentTools", "Answer", "NextAction", "journal_path"]
 
@@ -493,6 +493,9 @@ class _Journal:
         "CREATE TABLE IF NOT EXISTS contracts (mailbox_id TEXT PRIMARY KEY,"
         " contract TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS calls (mailbox_id TEXT PRIMARY KEY, made INTEGER NOT NULL)",
+        # The test's last checkpoint(), for the toolsets of other processes (an MCP server).
+        "CREATE TABLE IF NOT EXISTS checkpoints (mailbox_id TEXT PRIMARY KEY,"
+        " seq INTEGER NOT NULL, at REAL NOT NULL)",
     )
 
     def __init__(self, path: Path) -> None:
@@ -541,6 +544,22 @@ class _Journal:
                 "SELECT contract FROM contracts WHERE mailbox_id = ?", (mailbox_id,)
             ).fetchone()
         return None if row is None else EmailContract.model_validate_json(row[0])
+
+    def checkpoint(self, mailbox_id: str, since: Checkpoint) -> None:
+        """Keep ``since`` as the mailbox's checkpoint, unless a later one is kept already."""
+        with self._connect() as conn:
+            conn.execute(
+                "INSERT INTO checkpoints VALUES (?,?,?) ON CONFLICT (mailbox_id) DO UPDATE"
+                " SET seq = excluded.seq, at = excluded.at WHERE excluded.seq > seq",
+                (mailbox_id, since.seq, since.at),
+            )
+
+    def checkpointed(self, mailbox_id: str) -> Checkpoint | None:
+        with self._connect() as conn:
+            row = conn.execute(
+                "SELECT seq, at FROM checkpoints WHERE mailbox_id = ?", (mailbox_id,)
+            ).fetchone()
+        return None if row is None else Checkpoint(seq=int(row[0]), at=float(row[1]))
 
     def admit(
         self, entry: AgentEvidence, budget: str | None, limit: int | None
@@ -791,6 +810,8 @@ class AgentTools:
         self._carrying: dict[tuple[str, str], bool] = {}
         self._journal = _Journal(journal_path(mailbox.store.path))
         self._journal.bind(mailbox.mailbox_id, self.contract)
+        if mailbox._since is not None:  # the test's checkpoint, made before its tools
+            self.checkpointed(mailbox._since)
 
     @classmethod
     def attach(
@@ -930,6 +951,21 @@ class AgentTools:
         """Cut short a ``wait_for_message`` in progress, and let no later one block: for a
         server that shuts down (the MCP server calls it when its client goes away)."""
         self._closing.set()
+
+    def checkpointed(self, since: Checkpoint) -> None:
+        """Share the test's ``checkpoint()`` with the run's toolsets in other processes (an
+        MCP server's), which wait and claim only after it, as this process's toolsets do
+        (``Mailbox.checkpoint`` calls it)."""
+        self._journal.checkpoint(self.mailbox.mailbox_id, since)
+
+    def _caught_up(self) -> None:
+        """Take the test's last checkpoint, made in another process (this is an MCP
+        server's toolset) or before the server started: a wait or a claim considers only
+        mail after it, in every process alike."""
+        shared = self._journal.checkpointed(self.mailbox.mailbox_id)
+        mine = self.mailbox._since
+        if shared is not None and (mine is None or shared.seq > mine.seq):
+            self.mailbox._since = shared
 
     def _hider(self, call: _Call) -> None:
         """Make what masks a text of this call: every link and code this run extracted,
@@ -1213,6 +1249,8 @@ class AgentTools:
 
     def _adapt(self, tool: _Tool, args: _Arguments) -> Answer:
         mailbox = self.mailbox
+        if isinstance(args, WaitForMessage | ClaimMessage):
+            self._caught_up()
         if isinstance(args, WaitForMessage):
             return self._wait(tool, args)
         if isinstance(args, ClaimMessage):

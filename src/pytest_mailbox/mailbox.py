@@ -433,6 +433,8 @@ class Mailbox:
         __tracebackhide__ = True
         self._ensure_open()
         self._since = self.store.checkpoint()
+        if self._agent is not None:  # its agent's tools in another process (MCP) too
+            self._agent.checkpointed(self._since)
         return self._since
 
     def wait_for(
