@@ -1408,6 +1408,51 @@ def test_a_tag_that_looks_like_a_token_is_masked_as_the_python_api_masks_it(
     assert token.lower() not in text.lower()
 
 
+@TAGGED
+def test_reserve_mailbox_with_a_tag_answers_the_address_tagged_gives(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """The agent gets the friend's address from the tools, as the test gets it from
+    ``tagged()``, rather than spelling ``alias+friend@domain`` out itself."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    def reserve(tag: object) -> dict[str, Any]:
+        return tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60, "tag": tag})
+
+    reserved = reserve("Friend")
+    assert (reserved["status"], reserved["fixture_id"]) == ("reserved", own)
+    assert reserved["address"] == isolated_mailbox.tagged("friend")
+    assert reserve(None)["address"] == isolated_mailbox.address
+    app.signup(reserved["address"])  # the harness fills in the app's invite form with it
+    wait = {"fixture_id": own, "kind": "link", "timeout": 5, "tag": "friend"}
+    assert tools.call("wait_for_message", wait)["status"] == "waiting"
+    assert [m.tag for m in mailbox_store.messages(own)] == ["friend"]
+
+    # refused in tagged()'s words: what no address carries, and what this alias leaves room for
+    room = 64 - len(isolated_mailbox.alias) - 1
+    for bad, status, problem in [
+        ("a.", "rejected", "a plus-tag that does not end in '.' or hold '..' (no address would)"),
+        ("", "rejected", NO_TAG.removesuffix("; '' for mail to the alias alone")),
+        (
+            "t" * (room + 1),
+            "policy_denied",
+            f"a plus-tag of at most {room} characters beside the alias {isolated_mailbox.alias}",
+        ),
+    ]:
+        refused = reserve(bad)
+        where = "invalid arguments for reserve_mailbox: tag" if status == "rejected" else "tag"
+        assert refused == {
+            "status": status,
+            "reason": f"{where}: {problem}",
+            "next_action": {"do": "fix_arguments", "tool": "reserve_mailbox"},
+        }
+        with pytest.raises(ContractError) as python:
+            isolated_mailbox.tagged(bad)
+        assert str(python.value).endswith(f"is invalid; allowed: {problem}")
+    assert reserve("t" * room)["status"] == "reserved"
+
+
 @pytest.mark.email_contract(purpose="signup", mode="dry-run", max_reads=2)
 def test_dry_run_answers_what_would_happen_and_touches_nothing(
     isolated_mailbox: Mailbox, mailbox_store: Store
@@ -2112,8 +2157,8 @@ def test_definitions_are_the_callers_own_to_change(isolated_mailbox: Mailbox) ->
         definition["input_schema"]["additionalProperties"] = True
 
     again = tools.definitions("openai")
-    assert again[0]["function"]["parameters"]["required"] == ["purpose", "ttl"]
-    assert set(again[0]["function"]["parameters"]["properties"]) == {"purpose", "ttl"}
+    assert again[0]["function"]["parameters"]["required"] == ["purpose", "ttl", "tag"]
+    assert set(again[0]["function"]["parameters"]["properties"]) == {"purpose", "ttl", "tag"}
     assert all(
         d["input_schema"]["additionalProperties"] is False for d in tools.definitions("anthropic")
     )
@@ -2900,7 +2945,7 @@ def test_whole_number_floats_are_accepted_where_the_schema_says_integer(
         "next_action": {"do": "fix_arguments", "tool": "reserve_mailbox"},
     }
     for entry in (isolated_mailbox.receipt().evidence or [])[:2]:
-        assert entry.arguments == {"purpose": "signup", "ttl": 60}
+        assert entry.arguments == {"purpose": "signup", "ttl": 60, "tag": None}
         assert type(entry.arguments["ttl"]) is int
 
     app.signup(isolated_mailbox.address)

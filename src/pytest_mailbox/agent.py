@@ -38,7 +38,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from filelock import FileLock
 from pydantic import (
@@ -58,6 +58,7 @@ from pytest_mailbox.contract import (
     EmailContract,
     Selector,
     Status,
+    address_tag_problem,
     tag_problem,
 )
 from pytest_mailbox.endpoint import normalize_domain
@@ -158,15 +159,6 @@ def _whole(value: object) -> object:
 WholeNumber = Annotated[int, BeforeValidator(_whole)]
 
 
-class ReserveMailbox(_Arguments):
-    """Get this run's mailbox: its fixture_id and e-mail address (the same on every call)."""
-
-    purpose: str = Field(
-        pattern=r"^[a-z][a-z0-9-]{0,29}$", description="What the mailbox is for, e.g. 'signup'."
-    )
-    ttl: WholeNumber = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
-
-
 #: A plus-tag as the schema says it; ``_a_tag`` checks it first, in the Python API's words.
 _TAG = r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{0,64}$"
 _TAG_ABOUT = (
@@ -180,17 +172,21 @@ def _tag_field() -> Any:
 
 
 class _Tagged(_Arguments):
-    """Arguments with a ``tag``, checked as ``Mailbox.wait_for(tag=)`` checks it, and
-    masked in evidence as the Python API masks a tag that looks like a token."""
+    """Arguments with a ``tag``, checked as ``Mailbox.wait_for(tag=)`` checks it (or, for
+    a new address, ``Mailbox.tagged``), and masked in evidence as the Python API masks a
+    tag that looks like a token."""
+
+    #: A selector's tag: '' is mail to the address itself. Else, a new address's tag.
+    _selects: ClassVar[bool] = True
 
     @field_validator("tag", mode="before", check_fields=False)
     @classmethod
     def _a_tag(cls, value: object) -> object:
-        """Refused in ``Selector``'s words before the pattern's: a tag no address could
+        """Refused in the Python API's words before the pattern's: a tag no address could
         carry (a wait with it could only time out); lower case, as the sink keeps a tag."""
         if not isinstance(value, str):  # None, or not text: the type's to take or refuse
             return value
-        problem = tag_problem(value, empty=True)
+        problem = tag_problem(value, empty=True) if cls._selects else address_tag_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value.lower()
@@ -198,6 +194,24 @@ class _Tagged(_Arguments):
     @field_serializer("tag", check_fields=False)
     def _tag_masked(self, value: str | None) -> str | None:
         return mask_tag(value) if value else value
+
+
+class ReserveMailbox(_Tagged):
+    """Get this run's mailbox: its fixture_id and e-mail address (the same on every call).
+    With a tag, the address is a second one of the same mailbox, alias+tag@domain (for a
+    friend the app invites): mail to it is routed here; wait and claim it by that tag."""
+
+    _selects: ClassVar[bool] = False
+
+    purpose: str = Field(
+        pattern=r"^[a-z][a-z0-9-]{0,29}$", description="What the mailbox is for, e.g. 'signup'."
+    )
+    ttl: WholeNumber = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
+    tag: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}$",
+        description="A plus-tag such as 'friend', for a second address; null for the first.",
+    )
 
 
 class WaitForMessage(_Tagged):
@@ -1087,7 +1101,7 @@ class AgentTools:
             answer = self._done(
                 tool,
                 reason="dry-run: nothing was done",
-                address=self.mailbox.address if isinstance(args, ReserveMailbox) else None,
+                address=self._address(args) if isinstance(args, ReserveMailbox) else None,
                 message_id=None if given is None else _id_unextracted(given, call.hide),
                 kind=getattr(args, "kind", None),
             )
@@ -1142,6 +1156,8 @@ class AgentTools:
             problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
         elif isinstance(args, ReserveMailbox) and args.ttl > self.ttl_max:
             problem = f"ttl exceeds this run's maximum of {self.ttl_max} seconds"
+        elif isinstance(args, ReserveMailbox) and len(args.tag or "") > self.mailbox._tag_room:
+            problem = f"tag: {self.mailbox._room_problem}"  # RFC 5321's 64-octet local part
         elif isinstance(args, ClaimMessage) and (args.lease or 0) > self.contract.lease:
             problem = f"lease exceeds the contract's {self.contract.lease:g} seconds"
         if problem is None:
@@ -1271,11 +1287,15 @@ class AgentTools:
         if state in _CLOSED:
             raise MailboxClosed(state.value, status=state)
         if isinstance(args, ReserveMailbox):
-            return self._done(tool, address=mailbox.address)
+            return self._done(tool, address=self._address(args))
         assert self._resend is not None
         mailbox.checkpoint()  # later waits consider only mail sent from now on
         self._resend(mailbox.address)
         return self._done(tool)
+
+    def _address(self, args: ReserveMailbox) -> str:
+        """The address ``reserve_mailbox`` answers: with a tag, ``Mailbox.tagged``'s."""
+        return self.mailbox.address if args.tag is None else self.mailbox.tagged(args.tag)
 
     def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
         """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""

@@ -331,6 +331,16 @@ def tag_problem(tag: object, *, empty: bool = False) -> str | None:
     )
 
 
+def address_tag_problem(tag: object) -> str | None:
+    """Why ``tag`` cannot be the plus-tag of a new address (``Mailbox.tagged``), or None:
+    as ``tag_problem``, and neither empty nor ending in '.' or holding '..' (no address
+    would, before its '@'). The local part's length is the alias's to check."""
+    problem = tag_problem(tag)
+    if problem is None and isinstance(tag, str) and (tag.endswith(".") or ".." in tag):
+        problem = "a plus-tag that does not end in '.' or hold '..' (no address would)"
+    return problem
+
+
 def _instant(value: Checkpoint | datetime | float) -> str:
     """``received_after`` as a reader compares it: ``2026-12-03T16:30:00.500000+00:00``."""
     if isinstance(value, Checkpoint):

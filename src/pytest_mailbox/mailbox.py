@@ -32,10 +32,10 @@ from pytest_mailbox.contract import (
     Selector,
     SlowSearch,
     Status,
+    address_tag_problem,
     describe_validation_error,
     regex_search,
     slow_search_text,
-    tag_problem,
 )
 from pytest_mailbox.endpoint import Signal, normalize_domain
 from pytest_mailbox.errors import (
@@ -369,16 +369,22 @@ class Mailbox:
         routed here, and ``wait_for(tag=...)`` tells it from mail to the plain address
         (a second address for one test, as an invitation to a friend needs)."""
         __tracebackhide__ = True
-        problem = tag_problem(tag)
-        if problem is None and (tag.endswith(".") or ".." in tag):  # before '@', or twice
-            problem = "a plus-tag that does not end in '.' or hold '..' (no address would)"
-        room = 64 - len(self.alias) - 1  # RFC 5321: a local part of 64 octets at most
-        if problem is None and len(tag) > room:
-            problem = f"a plus-tag of at most {room} characters beside the alias {self.alias}"
+        problem = address_tag_problem(tag)
+        if problem is None and len(tag) > self._tag_room:
+            problem = self._room_problem
         if problem is not None:
             msg = f"tagged: tag={shown(tag)} is invalid; allowed: {problem}"
             raise ContractError(msg)
         return f"{self.alias}+{tag.lower()}@{self.domain}"
+
+    @property
+    def _tag_room(self) -> int:
+        """The longest plus-tag beside this alias: RFC 5321's local part has 64 octets."""
+        return 64 - len(self.alias) - 1
+
+    @property
+    def _room_problem(self) -> str:
+        return f"a plus-tag of at most {self._tag_room} characters beside the alias {self.alias}"
 
     @property
     def domain(self) -> str:
