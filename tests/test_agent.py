@@ -1003,6 +1003,37 @@ def test_a_mailbox_gone_from_its_store_is_policy_denied_for_the_agent_not_expire
     assert not caplog.records  # an answer, not a harness failure
 
 
+def test_a_mailbox_that_vanishes_during_a_call_is_policy_denied_not_a_foreign_message(
+    store: Store, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is replaced after the policy found the mailbox open, as the call reads its
+    mail: the store's refusal says the mailbox is gone, not that an id is another's."""
+    mailbox = reserve_mailbox(store)
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    caught_up = AgentTools._caught_up
+
+    def replaced_first(self: AgentTools) -> None:
+        _replaced(store, db)
+        caught_up(self)
+
+    monkeypatch.setattr(AgentTools, "_caught_up", replaced_first)
+    gone = {
+        "status": "policy_denied",
+        "reason": "this run's mailbox is gone from its store (the file was removed or "
+        "replaced while the run used it): terminal, the harness decides what comes next",
+        "fixture_id": own,
+        "next_action": {"do": "stop"},
+    }
+    wait = {"fixture_id": own, "kind": "code", "timeout": 0}
+    assert stable(tools.call("wait_for_message", wait)) == gone | {"attempt": 1}
+    assert stable(tools.call("wait_for_message", wait)) == gone  # terminal: not counted
+    assert [steps for _, steps, _ in trail_of(tools)] == [
+        ["proposed", "allowed", "refused"],
+        ["proposed", "rejected"],
+    ]
+
+
 def test_a_stale_fence_is_refused_and_changes_nothing(
     clocked: tuple[Store, Clock, MailSink],
 ) -> None:
