@@ -53,6 +53,7 @@ from pydantic import (
 from pydantic import model_validator as _model_validator
 
 from pytest_mailbox.contract import (
+    ONE_LINE_SUBJECT,
     AgentEvidence,
     CloseReason,
     EmailContract,
@@ -239,6 +240,14 @@ class MessageSelector(_Tagged):
         description="Text the subject contains (one line).",
     )
     tag: str | None = _tag_field()
+
+    @field_validator("subject_contains", mode="before")
+    @classmethod
+    def _one_line(cls, value: object) -> object:
+        """Refused in ``Selector``'s words before the pattern's, which no agent reads."""
+        if isinstance(value, str) and ("\r" in value or "\n" in value):
+            raise ValueError(ONE_LINE_SUBJECT)
+        return value
 
     @_model_validator(mode="after")
     def _one_way(self) -> MessageSelector:

@@ -197,6 +197,10 @@ SELECTOR_FIELDS: dict[str, str] = {
 }
 
 
+#: Why a subject selector with a line break is refused (the agent's selector says it too).
+ONE_LINE_SUBJECT = "a subject has no line breaks: folded subjects are compared unfolded"
+
+
 class Selector(BaseModel):
     """What a test expects of its message; every given field must match."""
 
@@ -252,8 +256,7 @@ class Selector(BaseModel):
     @classmethod
     def _one_line(cls, value: str | None) -> str | None:
         if value is not None and ("\r" in value or "\n" in value):
-            msg = "a subject has no line breaks: folded subjects are compared unfolded"
-            raise ValueError(msg)
+            raise ValueError(ONE_LINE_SUBJECT)
         return value
 
     @field_validator("sender")
