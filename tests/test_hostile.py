@@ -566,6 +566,39 @@ def test_mail_from_size_over_max_gets_552(make_sink: Callable[..., MailSink]) ->
     client.close()
 
 
+def _dotted(size: int) -> bytes:
+    """A message of exactly ``size`` bytes whose every body line starts with a dot."""
+    head = b"Subject: dots\r\n\r\n"
+    line = b".0123456789abcdef\r\n"  # 19 bytes; 20 on the wire, its dot doubled
+    body = line * ((size - len(head)) // len(line))
+    return head + body + b"x" * (size - len(head) - len(body) - 2) + b"\r\n"
+
+
+def test_a_message_of_the_size_offered_is_taken_though_its_dots_are_doubled(
+    make_sink: Callable[..., MailSink],
+) -> None:
+    """RFC 1870 counts a message without the dots doubled for transparency, as smtplib's
+    ``SIZE=`` does; aiosmtpd counted them, and refused such a message with ``552``."""
+    sink = make_sink(max_message_size=4096)
+    mailbox = reserve(sink)
+    exact, over = _dotted(4096), _dotted(4097)
+    assert len(exact) == 4096
+    assert exact.count(b"\r\n.") > 200
+
+    with smtplib.SMTP(sink.host, sink.port) as smtp:
+        assert smtp.sendmail("app@example.test", [mailbox.address], exact) == {}
+        # one byte over: SIZE= gets 552 at once; without it, 552 after the data
+        with pytest.raises(smtplib.SMTPSenderRefused):
+            smtp.sendmail("app@example.test", [mailbox.address], over)
+        assert smtp.mail("app@example.test")[0] == smtp.rcpt(mailbox.address)[0] == 250
+        refused = smtp.data(over)
+        assert smtp.noop()[0] == 250
+
+    assert refused == (552, b"Error: Too much mail data")
+    assert [sink.store.raw(r.body_id) for r in rows(sink, mailbox)] == [exact]
+    assert stored(sink) == 1
+
+
 def test_command_line_over_the_limit_gets_500_and_the_session_goes_on(client: Client) -> None:
     assert client.cmd(b"NOOP " + b"x" * 600) == b"500 Command line too long\r\n"
     assert client.cmd(b"NOOP") == b"250 OK\r\n"
@@ -879,6 +912,43 @@ def test_percent_hack_is_kept_as_unrouted_mail_of_our_domain(
     assert client.reply() == b"250 2.0.0 Message accepted\r\n"
     (row,) = sink.store.unrouted(DOMAIN)
     assert (row.alias, row.domain) == ("victim%evil.test", DOMAIN)
+
+
+@pytest.mark.parametrize("postmaster", ["postmaster", "Postmaster", "POSTMASTER"])
+def test_postmaster_without_a_domain_is_taken_and_reaches_no_tests_mailbox(
+    sink: MailSink, postmaster: str
+) -> None:
+    """RFC 5321 4.5.1: a server MUST take ``RCPT TO:<Postmaster>``, in any case; it was
+    ``553``, and smtplib's ``sendmail`` refused the whole message for that one recipient."""
+    mailbox = reserve(sink)
+    raw = b"Subject: to the postmaster\r\n\r\nhi\r\n"
+    with smtplib.SMTP(sink.host, sink.port) as smtp:
+        refused = smtp.sendmail("app@example.test", [postmaster, mailbox.address], raw)
+        assert smtp.docmd("MAIL FROM:<app@example.test>")[0] == 250
+        reply = smtp.docmd(f"RCPT TO:<{postmaster}>")
+        assert smtp.docmd("RSET")[0] == 250
+
+    assert refused == {}
+    assert reply == (250, b"2.1.5 OK")
+    (kept,) = sink.store.unrouted(None)  # mail for no test's alias, shown to none
+    assert (kept.rcpt, kept.alias, kept.domain, kept.mailbox_id) == (
+        postmaster,
+        "postmaster",
+        "",
+        None,
+    )
+    assert sink.store.raw(kept.body_id) == raw
+    assert [r.rcpt for r in rows(sink, mailbox)] == [mailbox.address]  # its copy, one
+
+
+def test_a_local_part_alone_other_than_postmaster_is_still_refused(client: Client) -> None:
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+
+    assert client.cmd(b"RCPT TO:<alice>") == (
+        b"553 5.1.3 Recipient address is not of the form local@domain\r\n"
+    )
+    assert client.cmd(b"RCPT TO:<postmaster@evil.test>").startswith(b"550 5.7.1")
 
 
 def test_non_ascii_sender_needs_smtputf8(client: Client) -> None:

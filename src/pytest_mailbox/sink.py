@@ -83,6 +83,8 @@ _LINE_TOO_LONG = "500 Line too long (see RFC5321 4.5.3.1.6)"
 #: took about a second a MiB, every other client waiting meanwhile.
 HEADER_LIMIT = 256 * 1024
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
+#: aiosmtpd's reply to a message over the limit, which the sink gives for one it finds over.
+_TOO_MUCH = "552 Error: Too much mail data"
 _HEADER_TOO_BIG = (
     f"552 5.3.4 Message header section too big (over {HEADER_LIMIT // 1024} KiB); "
     "nothing was stored"
@@ -138,6 +140,31 @@ def _line_too_long(raw: bytes) -> bool:
     return len(raw) > _MAX_DATA_LINE and max(map(len, _LINE_END.split(raw))) > _MAX_DATA_LINE
 
 
+def _stuffed_limit(size: int) -> int:
+    """The most a message of ``size`` bytes may take on the wire, its dots doubled.
+
+    RFC 1870 counts a message's size without the dots doubled for transparency, but aiosmtpd
+    counts them: a message of exactly the ``SIZE`` the sink offers, with lines that start
+    with a dot, got ``552``. aiosmtpd is given this bound instead, and ``handle_DATA``
+    checks the message as received. A doubled dot starts a line of at least three octets
+    as received (``.`` and its CRLF): at most a third more.
+    """
+    return size + (size + 2) // 3
+
+
+#: ``RCPT TO:<postmaster>``, as ``_recipient`` splits it: an alias of no domain.
+_POSTMASTER = ("postmaster", None, "")
+
+
+def _recipient(address: str) -> tuple[str, str | None, str] | None:
+    """``split_address``, and ``postmaster`` with no domain, which RFC 5321 4.5.1 says a
+    server must take: ``("postmaster", None, "")``, mail for no test domain's alias, so it
+    is kept as unrouted mail and reaches no test's mailbox."""
+    if address.strip().lower() == "postmaster":
+        return _POSTMASTER
+    return split_address(address)
+
+
 def _shown(text: str) -> str:
     """Client text fit to quote in a reply: printable ASCII only, at most 100 characters."""
     kept = "".join(c for c in text if " " < c <= "~")[:100]
@@ -186,11 +213,11 @@ class _Handler:
         problem = _address_problem(address, envelope.smtp_utf8)
         if problem is not None:
             return problem
-        parts = split_address(address)
+        parts = _recipient(address)
         if parts is None:
             return "553 5.1.3 Recipient address is not of the form local@domain"
         domain = parts[2]
-        if domain not in self.sink.domains:
+        if domain not in self.sink.domains and parts != _POSTMASTER:
             return f"550 5.7.1 Relaying denied: {_shown(domain)} is not a test domain of this sink"
         store = self.sink.store
         owed = store.faults_pending(parts[0], domain)  # one read for both stages
@@ -208,6 +235,8 @@ class _Handler:
         self, server: SMTP, session: Session, envelope: Envelope
     ) -> str:
         raw = envelope.original_content or b""
+        if len(raw) > self.sink.max_message_size:  # under aiosmtpd's bound, its dots doubled
+            return _TOO_MUCH
         if _line_too_long(raw):
             return _LINE_TOO_LONG
         if len(raw) > HEADER_LIMIT:
@@ -223,7 +252,7 @@ class _Handler:
             )
         deliveries: dict[tuple[str, str | None, str], Delivery] = {}
         for rcpt in envelope.rcpt_tos:
-            parts = split_address(rcpt)
+            parts = _recipient(rcpt)
             # A recipient named twice (To and Bcc, say) gets one copy, as from a real server.
             if parts is not None and parts not in deliveries:
                 deliveries[parts] = Delivery(
@@ -350,14 +379,14 @@ class _Protocol(SMTP):
                 _Reader(
                     loop=self.loop,
                     limit=SMTP.line_length_limit,
-                    data_limit=kwargs["data_size_limit"],
+                    data_limit=_stuffed_limit(kwargs["data_size_limit"]),
                 ),
                 client_connected_cb=self._cb_client_connected,
                 loop=self.loop,
             )
         # aiosmtpd checks a line of DATA against this after the reader: the reader and
         # handle_DATA (``_line_too_long``) do, where a bare LF ends a line too.
-        self.line_length_limit = kwargs["data_size_limit"]
+        self.line_length_limit = _stuffed_limit(kwargs["data_size_limit"])
         self._sink = sink
 
     def _setup(
@@ -387,7 +416,11 @@ class _Protocol(SMTP):
         self.loop = loop
         asyncio.StreamReaderProtocol.__init__(
             self,
-            _Reader(loop=loop, limit=SMTP.line_length_limit, data_limit=data_size_limit),
+            _Reader(
+                loop=loop,
+                limit=SMTP.line_length_limit,
+                data_limit=_stuffed_limit(data_size_limit),
+            ),
             client_connected_cb=self._cb_client_connected,
             loop=loop,
         )
@@ -545,8 +578,17 @@ class _Protocol(SMTP):
 
     @syntax("DATA")
     async def smtp_DATA(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
-        if not await self._out_of_sync("DATA"):
+        if await self._out_of_sync("DATA"):
+            return
+        # aiosmtpd counts the dots doubled for transparency, which RFC 1870's size does
+        # not: it reads up to their bound (``_stuffed_limit``), and handle_DATA checks
+        # the message as received against the SIZE offered (EHLO, MAIL FROM SIZE=).
+        size = self.data_size_limit
+        self.data_size_limit = _stuffed_limit(size) if size else size
+        try:
             await super().smtp_DATA(arg)
+        finally:
+            self.data_size_limit = size
 
     async def _http_request(self, arg: str) -> None:
         log.warning("pytest-mailbox sink: an HTTP request reached the SMTP port")
