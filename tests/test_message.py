@@ -1500,6 +1500,71 @@ def test_a_masker_finds_a_value_quoted_printable_escaped_in_a_raw_body() -> None
     assert mask(tail) == "E   b'..." + "•" * 20 + "\\r\\n'"
 
 
+def _headers_of(subject: str) -> bytes:
+    """A raw message whose subject the email package folded into encoded words."""
+    mail = EmailMessage()
+    mail["Subject"] = subject
+    mail["To"] = "a@mailbox.test"
+    mail.set_content("hi")
+    raw = mail.as_bytes()
+    assert b"=?utf-8?" in raw
+    return raw
+
+
+def test_a_masker_finds_a_value_the_encoded_words_of_a_folded_header_split() -> None:
+    """A long subject with a link in it is folded into RFC 2047 Q-encoded words, which cut
+    the token where a line must end and escape its ``_`` (``=5F``): a test that printed
+    ``msg.raw`` showed the token in clear."""
+    token = "XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+    link = f"https://app.example.test/verify?token={token}"
+    mask = Masker(remember_extracted("link", link))
+    for subject in (f"Verify your account: {link}", f"Vérifiez votre compte : {link}"):
+        raw = _headers_of(subject)
+        assert token[:20].replace("_", "=5F").encode() in raw  # as the header carries it
+
+        for shown in (mask(raw.decode()), mask(repr(raw))):
+            for piece in ("XjunxHf4Yd", "BeLwh6rGty", "dGIbI9ZdKx", "5xS=5FEWg"):
+                assert piece not in shown
+            assert "Subject: " in shown
+            assert "?=\n =?utf-8?q?" in shown or "?=\\n =?utf-8?q?" in shown  # framing kept
+        assert mask(raw.decode()).count("\n") == raw.decode().count("\n")
+
+
+def test_a_masker_finds_a_code_in_base64_encoded_words_and_leaves_others_alone() -> None:
+    mask = Masker({"482913"})
+    raw = _headers_of("認証コード 482913 です。よろしくお願いします。")
+    assert b"482913" not in raw  # base64: no digit of it in clear
+    shown = mask(raw.decode())
+    assert shown != raw.decode()
+    assert "\u2022" in shown.split("\n")[0]
+    # other encoded words, a number beside the code's digits, unknown or odd charsets and
+    # broken padding are shown as they are
+    for line in (
+        "Subject: =?utf-8?q?Hello_team?=",
+        "Subject: =?utf-8?q?job_4829130?=",
+        "Subject: =?x-unknown?q?hello?= =?base64?b?aGk=?= =?utf-8?b?aGk?= =?utf-8?b?@@?=",
+    ):
+        assert mask(line) == line
+    assert (
+        mask("Subject: =?x-unknown?q?code_482913?=")
+        == "Subject: =?x-unknown?q?code_" + "•" * 6 + "?="
+    )
+    assert mask("S: =?utf-8?b?Y29kZSA0ODI5MTM?=") == "S: =?utf-8?b?Y29k" + "•" * 11 + "?="
+
+
+def test_a_masker_hides_a_values_start_after_an_escape_and_a_cut() -> None:
+    """pytest cuts a long repr of ``msg.raw``: a token's start after ``token=3D``, as a
+    quoted-printable body or a Q-encoded subject shows it, is as much the token's."""
+    link = "https://app.example.test/verify?token=Zq8xYtK2mP4_rT7wQ9sL1AbCdEfGh"
+    mask = Masker(remember_extracted("link", link))
+
+    assert mask("b'token=3DZq8xYtK2m...'") == "b'token=3D•••••••••...'"
+    assert mask("=?utf-8?q?y=3Ftoken=3DZq8xYtK2mP4=5FrT...") == (
+        "=?utf-8?q?y=3Ftoken=3D" + "•" * 16 + "..."
+    )
+    assert mask("b'...P4=5FrT7wQ9sL1AbCdEfGh?='") == "b'..." + "•" * 22 + "?='"
+
+
 def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:
     shared = remember_extracted("link", "https://bare-host.example.test/")
 

@@ -2857,6 +2857,36 @@ def test_output_pytest_shows_is_masked_however_it_quotes_a_value(
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_token_in_a_folded_subjects_encoded_words_is_masked_in_a_printed_raw_message(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A subject with a link in it, long enough that the email package folds it into RFC
+    2047 encoded words: ``print(msg.raw)`` and an assertion on it showed the token, cut
+    and escaped (``5xS=5FEWg``), in clear."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+
+
+        def test_it(isolated_mailbox, send):
+            send(isolated_mailbox.address, subject=f"Verify your account: {LINK}", body=LINK)
+            msg = isolated_mailbox.wait_for()
+            assert msg.link() == LINK
+            print(msg.raw)
+            print(msg.raw.decode())
+            assert b"Welcome" in msg.raw
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    assert "Subject: Verify your account: =?utf-8?q?" in text
+    for piece in ("XjunxHf4Yd", "5xS=5FEWg", "BeLwh6rGty", "dGIbI9ZdKx"):
+        assert piece not in text, piece
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_passing_tests_output_is_masked_for_any_report_consumer(
     pytester: pytest.Pytester, workers: str
 ) -> None:

@@ -7,6 +7,8 @@ messages never contain the secret itself (links are redacted, codes are masked).
 
 from __future__ import annotations
 
+import binascii
+import codecs
 import email.charset
 import itertools
 import re
@@ -664,16 +666,24 @@ class Masker:
         # An ASCII value's escaped form differs only in its ``=`` (``=3D``): a cut piece of
         # it is as long as one of the value. Not another's: eight characters of
         # ``=E3=82=B3…`` are one character, which unrelated text shows as well.
-        cuttable = {*escaped, *(form for v, form in escaped.items() if v.isascii())}
+        # A header's Q-encoded word escapes more (``_`` as ``=5F``, ``.`` as ``=2E``).
+        headed = {v: _q_encoded(v) for v in escaped if v.isascii()}
+        cuttable = {
+            *escaped,
+            *(form for v, form in escaped.items() if v.isascii()),
+            *headed.values(),
+        }
         # A cut is matched on codes and tokens only: a link's start is its host, which an
         # unrelated line may show just as well (``Connecting to https://app…...``).
         self.cut = [
             v for v in sorted(cuttable, key=len, reverse=True) + sorted(also)
             if _MIN_CUT <= len(v) <= _MAX_PIECED and "://" not in v and "%3A%2F%2F" not in v
-            and v[0] != "/"
+            and "=3A//" not in v and v[0] != "/"
         ]  # fmt: skip
-        forms = {*escaped, *escaped.values()}
+        forms = {*escaped, *escaped.values(), *headed.values()}
         self.values = sorted(forms, key=len, reverse=True)
+        #: What an RFC 2047 encoded word's decoded text is searched for (``_mask_encoded``).
+        self.plain = sorted({*escaped, *also}, key=len, reverse=True)
         self.shared = frozenset({*also, *also.values()}) - forms
         self._by_piece: dict[str, list[str]] = {}
         shown = sorted({w for w in words if w and w not in self.values}, key=len, reverse=True)
@@ -686,6 +696,8 @@ class Masker:
             text = self._mask_cut(text)  # cut one would hide its start
         if self.cut and " identical " in text and _SKIPPED.search(text):
             text = self._mask_diff(text)
+        if "=?" in text:
+            text = self._mask_encoded(text)
         for value in self._present(text):
             text = _mask_value(text, value)
         if _SOFT_BREAK.search(text):
@@ -695,6 +707,41 @@ class Masker:
         if self.words is not None:
             text = self.words.sub(lambda match: _keep_length(match.group()), text)
         return text
+
+    def _mask_encoded(self, text: str) -> str:
+        """``text`` with what RFC 2047 encoded words carry of a value masked: a raw header
+        the email package folded (a long subject with a link in it) splits a value across
+        encoded words and escapes it (``token=3DZq8x?=\\n =?utf-8?q?K2m=5FPw``), or base64
+        encodes it. Each run of encoded words is decoded, and the characters that encode a
+        value's bytes become bullets, the words' frames and line breaks kept."""
+        hidden: list[tuple[int, int]] = []
+        for run in _encoded_runs(text):
+            decoded, spans = _decoded(run)
+            for start, end in self._found_in(decoded):
+                hidden.extend(span for piece in spans[start:end] for span in piece)
+        if not hidden:
+            return text
+        shown = list(text)
+        for start, end in hidden:
+            shown[start:end] = "\u2022" * (end - start)
+        return "".join(shown)
+
+    def _found_in(self, decoded: str) -> Iterator[tuple[int, int]]:
+        """Where ``decoded`` holds a value, as ``__call__`` finds them (a value of digits
+        where no digit touches it; a short one of ``words`` where it stands alone)."""
+        for value in self.plain:
+            at = decoded.find(value)
+            while at != -1:
+                end = at + len(value)
+                touching = value.isdigit() and (
+                    decoded[at - 1 : at].isdigit() or decoded[end : end + 1].isdigit()
+                )
+                if not touching:
+                    yield at, end
+                at = decoded.find(value, at + 1)
+        if self.words is not None:
+            for match in self.words.finditer(decoded):
+                yield match.span()
 
     def _present(self, text: str) -> list[str]:
         """The values ``text`` holds, longest first."""
@@ -798,6 +845,90 @@ _MAX_PIECED = 4096
 _SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
 
 
+#: An RFC 2047 encoded word: its charset (a language after ``*`` aside), Q or B, its text.
+_ENCODED_WORD = re.compile(r"=\?([^?*\s]+)(?:\*[^?\s]*)?\?([QqBb])\?([^?\s]*)\?=")
+#: What joins two encoded words of one run: folding white space, as printed or in a repr.
+_BETWEEN_WORDS = re.compile(r"(?:\r?\n|\\r\\n|\\n)?(?:[ \t]|\\t)+")
+_HEX_PAIR = re.compile(r"[0-9A-Fa-f]{2}")
+_BASE64_QUAD = re.compile(r"[A-Za-z0-9+/=]{1,4}")
+#: Each byte an encoded word carries, with where its text shows it: (byte, start, end).
+_Bytes = list[tuple[int, int, int]]
+
+
+def _encoded_runs(text: str) -> Iterator[list[tuple[str, _Bytes]]]:
+    """Each run of encoded words in ``text`` (joined by folding white space only), as its
+    words' (charset, bytes) in order."""
+    run: list[tuple[str, _Bytes]] = []
+    end = -1
+    for match in _ENCODED_WORD.finditer(text):
+        if run and not _BETWEEN_WORDS.fullmatch(text, end, match.start()):
+            yield run
+            run = []
+        run.append((match[1].lower(), _encoded_bytes(match)))
+        end = match.end()
+    if run:
+        yield run
+
+
+def _encoded_bytes(word: re.Match[str]) -> _Bytes:
+    """The bytes one encoded word carries, each with the span of text that encodes it; a
+    base64 group that does not decode (padding broken, a stray character) carries none."""
+    start, payload = word.start(3), word[3]
+    found: _Bytes = []
+    if word[2] in "Bb":
+        for quad in _BASE64_QUAD.finditer(payload):
+            piece = quad.group().rstrip("=")
+            try:
+                data = binascii.a2b_base64(piece + "=" * (-len(piece) % 4))
+            except binascii.Error:
+                continue
+            span = (start + quad.start(), start + quad.end())
+            found.extend((byte, *span) for byte in data)
+        return found
+    at = 0
+    while at < len(payload):
+        char = payload[at]
+        if char == "=" and _HEX_PAIR.fullmatch(payload, at + 1, at + 3):
+            found.append((int(payload[at + 1 : at + 3], 16), start + at, start + at + 3))
+            at += 3
+            continue
+        data = b" " if char == "_" else char.encode("utf-8", "surrogatepass")
+        found.extend((byte, start + at, start + at + 1) for byte in data)
+        at += 1
+    return found
+
+
+def _decoded(run: list[tuple[str, _Bytes]]) -> tuple[str, list[list[tuple[int, int]]]]:
+    """A run of encoded words as text, with the spans of text that encode each character.
+    Adjacent words of one charset are decoded together (a character may be split between
+    them); an unknown charset is read as UTF-8."""
+    text: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    for charset, words in itertools.groupby(run, key=lambda word: word[0]):
+        decoder = _text_decoder(charset)
+        pending: list[tuple[int, int]] = []
+        for byte, start, end in itertools.chain.from_iterable(w[1] for w in words):
+            pending.append((start, end))
+            out = decoder.decode(bytes([byte]))
+            if out:
+                text.extend(out)
+                spans.extend([pending] * len(out))
+                pending = []
+    return "".join(text), spans
+
+
+def _text_decoder(charset: str) -> codecs.IncrementalDecoder:
+    """An incremental decoder of ``charset``, or of UTF-8 if it names no text codec (an
+    unknown name, ``base64``, ``rot13``)."""
+    try:
+        info = codecs.lookup(email.charset.ALIASES.get(charset, charset))
+    except (LookupError, ValueError):
+        info = None
+    if info is None or not getattr(info, "_is_text_encoding", True):
+        info = codecs.lookup("utf-8")
+    return info.incrementaldecoder("replace")
+
+
 def _overlap(value: str) -> int:
     """How much of ``value`` a cut piece must show to count: half of it, 3 to 8."""
     return min(8, max(_MIN_CUT, len(value) // 2))
@@ -812,10 +943,14 @@ def _start_before_cut(before: str, value: str, least: int | None = None) -> int:
     best, at = 0, value.find(tail)
     while at != -1:
         size = at + _MIN_CUT
-        # The piece starts where a word does: not in the middle of a number (``8279071``).
+        # The piece starts where a word does: not in the middle of a number (``8279071``);
+        # or after an escape of quoted-printable or a Q-encoded word (``token=3DZq8x``).
         edge = before[-size - 1 : -size] if size < len(before) else ""
+        escape = (
+            _QP_ESCAPE.fullmatch(before[-size - 3 : -size]) if size + 3 <= len(before) else None
+        )
         enough = size >= (_overlap(value) if least is None else least)
-        if enough and not edge.isalnum() and before.endswith(value[:size]):
+        if enough and (escape or not edge.isalnum()) and before.endswith(value[:size]):
             best = max(best, size)
         at = value.find(tail, at + 1)
     return best
@@ -835,6 +970,22 @@ def _end_after_cut(after: str, value: str, least: int | None = None) -> int:
             best = max(best, size)
         at = value.find(head, at + 1)
     return best
+
+
+#: A quoted-printable escape (RFC 2045), as a body or a Q-encoded word shows it: ``=3D``.
+_QP_ESCAPE = re.compile(r"=[0-9A-F]{2}")
+#: What a Q-encoded word (RFC 2047) shows as it is, as Python's email package writes one.
+_Q_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!*+-/")
+
+
+def _q_encoded(value: str) -> str:
+    """``value`` as a header's Q-encoded word carries it (RFC 2047 4.2): a space as ``_``,
+    every byte but letters, digits and ``!*+-/`` as ``=XX``."""
+    return "".join(
+        c if c in _Q_PLAIN else "_" if c == " " else
+        "".join(f"={b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+        for c in value
+    )  # fmt: skip
 
 
 def _quoted_printable(value: str) -> str:
