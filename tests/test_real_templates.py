@@ -3,6 +3,8 @@ are found, as a reader of the mail would find them."""
 
 from __future__ import annotations
 
+import base64
+import re
 import smtplib
 from email.message import EmailMessage
 
@@ -219,3 +221,113 @@ def test_what_follows_a_markdown_bracket_in_a_link_is_still_masked_and_no_code(
     msg = isolated_mailbox.wait_for(subject="Your code", timeout=10)
 
     assert msg.code() == "4829"
+
+
+TOKEN_LINK = "https://app.example.test/verify?token=Zq8xYtK2mP4rT7wQ9sL1"
+
+
+def send_raw(server: MailSink, to: str, body: bytes) -> bytes:
+    """A mail whose MIME part the test writes itself, as a sender's own mailer wrote it,
+    over SMTP; the bytes sent."""
+    raw = (
+        f"From: hello@app.example.test\r\nTo: {to}\r\nSubject: Your sign-in link\r\n"
+        "MIME-Version: 1.0\r\n"
+    ).encode() + body
+    with smtplib.SMTP(server.host, server.port) as smtp:
+        assert smtp.sendmail("hello@app.example.test", [to], raw) == {}
+    return raw
+
+
+def test_a_soft_line_break_padded_with_white_space_keeps_the_link_and_code_whole(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """RFC 2045 6.7: a transport may add white space at a line's end, which a decoder must
+    drop, so ``= `` then CRLF is a soft line break. The email package keeps it as text:
+    link() returned the link cut at its ``=``, a 404 for the test that opened it."""
+    body = (
+        b"Content-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Transfer-Encoding: quoted-printable\r\n\r\n"
+        b"Sign in: https://app.example.test/verify?token=3DZq8xYtK2m= \r\n"
+        b"P4rT7wQ9sL1\r\nor enter 482=\t\r\n913.\r\n"
+    )
+    raw = send_raw(mailbox_server, isolated_mailbox.address, body)
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.raw == raw
+    assert msg.link() == TOKEN_LINK
+    assert msg.code() == "482913"
+    assert msg.text == f"Sign in: {TOKEN_LINK}\nor enter 482913.\n"
+
+
+def test_a_body_whose_base64_does_not_decode_is_read_as_none_and_named_in_the_error(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """The email package returns base64 it cannot decode (a character too many: a body cut
+    off) undecoded: its text was the base64 itself, and code() could take a run of its
+    digits for the code. Decoding what comes before the cut could cut a code short
+    (``48291``): the body is read as none, and link() and code() say why they found
+    nothing."""
+    text = base64.b64encode(f"Sign in: {TOKEN_LINK}\r\nCode 482913\r\n".encode()).decode()
+    body = (
+        b"Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+        + text[:-3].encode()  # 4n+1 characters: no base64 decoder can read the last one
+        + b"\r\n"
+    )
+    raw = send_raw(mailbox_server, isolated_mailbox.address, body)
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.raw == raw
+    assert msg.text == ""
+    assert "InvalidBase64LengthDefect" in msg.defects
+    note = "not read: its text/plain body, whose base64 does not decode"
+    with pytest.raises(ExtractionError, match=f"hosts found: none; {note}"):
+        msg.link()
+    with pytest.raises(ExtractionError, match=note):
+        msg.code()
+
+
+FORWARDED = (
+    "From: it@app.example.test\r\nSubject: Your sign-in link\r\n"
+    f"Content-Type: text/plain\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "unread"),
+    [
+        (
+            'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
+            "Content-Type: text/plain; charset=utf-8\r\n\r\nForwarded below.\r\n--M\r\n"
+            f"Content-Type: message/rfc822\r\n\r\n{FORWARDED}\r\n--M--\r\n",
+            "a forwarded message (message/rfc822)",
+        ),
+        (f"Content-Type: message/rfc822\r\n\r\n{FORWARDED}", "a forwarded message"),
+        (
+            'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
+            "Content-Type: text/plain\r\n"
+            'Content-Disposition: attachment; filename="https://app.example.test/link.txt"'
+            f"\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n--M--\r\n",
+            "an attached file (text/plain)",
+        ),
+    ],
+    ids=["forwarded", "forwarded-alone", "attached-text-named-like-a-link"],
+)
+def test_a_forwarded_message_or_an_attached_file_is_not_read_and_the_error_says_so(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, body: str, unread: str
+) -> None:
+    """A link or code in a forwarded message or an attached file is not the mail's own
+    (a forwarded mail's link was for someone else): link() and code() said "the message
+    has no http(s) links", which sent a reader looking for the sender's bug."""
+    raw = send_raw(mailbox_server, isolated_mailbox.address, body.encode())
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.raw == raw
+    with pytest.raises(ExtractionError, match=re.escape(f"none; not read: {unread}")) as e:
+        msg.link()
+    assert "has no http(s) links" not in str(e.value)
+    assert "Zq8xYtK2m" not in str(e.value)
+    with pytest.raises(ExtractionError, match=re.escape(f"not read: {unread}")):
+        msg.code()

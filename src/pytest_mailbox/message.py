@@ -1222,6 +1222,8 @@ class _Parsed:
     text: str = ""
     html: str = ""
     defects: list[str] = field(default_factory=list)
+    #: What ``link()`` and ``code()`` did not read, for their errors to say.
+    unread: tuple[str, ...] = ()
 
 
 def _walk(root: EmailMessage, *, into_attached: bool = True) -> Iterator[EmailMessage]:
@@ -1260,13 +1262,41 @@ def _find_body(tree: EmailMessage, subtype: str) -> EmailMessage | None:
     return None
 
 
+#: A quoted-printable soft line break with white space after its ``=``, which a transport
+#: may add and a decoder must drop (RFC 2045 6.7): the email package keeps ``= `` as text.
+_PADDED_SOFT_BREAK = re.compile(rb"=[ \t]+(?=\r?\n|$)")
+#: The email package's defect for base64 it cannot decode, which it returns undecoded.
+_UNDECODABLE = "InvalidBase64LengthDefect"
+
+
+def _payload(part: EmailMessage) -> bytes | None:
+    """The part's payload with its transfer encoding undone, as the email package undoes
+    it, but for a quoted-printable soft line break padded with white space, which it kept
+    as text (``token=3DZq8x= `` then CRLF: ``link()`` returned the link cut at its ``=``).
+    None for base64 that does not decode (a character too many, as a cut-off body has):
+    the package returns it undecoded, whose digits ``code()`` could take for a code."""
+    payload = part.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return None
+    encoding = str(part.get("content-transfer-encoding", "")).strip().lower()
+    if encoding == "quoted-printable":
+        sent = part.get_payload()
+        if isinstance(sent, str) and "=" in sent:
+            data = sent.encode("ascii", "surrogateescape")
+            if _PADDED_SOFT_BREAK.search(data):
+                payload = binascii.a2b_qp(_PADDED_SOFT_BREAK.sub(b"=", data))
+    elif encoding == "base64" and any(type(d).__name__ == _UNDECODABLE for d in part.defects):
+        return None
+    return payload
+
+
 def _decode_part(part: EmailMessage, flags: set[str]) -> str:
     """The part's payload as text: transfer encoding undone, charset applied, newlines '\\n'."""
     try:
-        payload = part.get_payload(decode=True)
+        payload = _payload(part)
     except Exception:
         return ""
-    if not isinstance(payload, bytes):
+    if payload is None:
         return ""
     try:
         charset = part.get_content_charset()
@@ -1333,7 +1363,37 @@ def _parse(raw: bytes) -> _Parsed:
     html = _decode_part(markup, flags) if markup is not None else ""
     for part in _walk(tree):  # after decoding: bad base64 is only noticed while decoding
         flags.update(type(defect).__name__ for defect in getattr(part, "defects", ()))
-    return _Parsed(entries=entries, text=text, html=html, defects=sorted(flags))
+    unread = _unread(tree, (plain, markup))
+    return _Parsed(entries=entries, text=text, html=html, defects=sorted(flags), unread=unread)
+
+
+def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tuple[str, ...]:
+    """What a mail holds that ``link()`` and ``code()`` do not read: a body whose base64
+    does not decode, a forwarded message, text attached as a file."""
+    found: dict[str, None] = {}
+    for body in bodies:
+        if body is not None and _payload_lost(body):
+            found[f"its {body.get_content_type()} body, whose base64 does not decode "
+                  f"({_UNDECODABLE}: cut short?)"] = None  # fmt: skip
+    for part in _walk(tree, into_attached=False):
+        try:
+            kind = part.get_content_type()
+            if part in bodies:
+                continue
+            if kind.startswith("message/"):  # the whole mail, too: a bounce, a forward
+                found[f"a forwarded message ({kind})"] = None
+            elif part is not tree and kind.startswith("text/") and part.is_attachment():
+                found[f"an attached file ({kind})"] = None
+        except Exception:  # a part whose headers cannot be read
+            continue
+    return tuple(found)
+
+
+def _payload_lost(part: EmailMessage) -> bool:
+    try:
+        return _payload(part) is None and part.get_content_maintype() == "text"
+    except Exception:
+        return False
 
 
 @dataclass(frozen=True)
@@ -1646,7 +1706,9 @@ class Message:
         if not candidates:
             hosts = list(dict.fromkeys(shown_host(u) for u in found))
             msg = f"no link{where} in message {self._label}; hosts found: "
-            msg += ", ".join(hosts) if hosts else "none (the message has no http(s) links)"
+            unread = self._unread_note()
+            msg += ", ".join(hosts) if hosts else "none"
+            msg += unread or ("" if hosts else " (the message has no http(s) links)")
             raise ExtractionError(msg, result={**result, "hosts": hosts})
         shown = ", ".join(redact_url(u) for u in candidates[:_MAX_LISTED])
         if len(candidates) > _MAX_LISTED:
@@ -1656,6 +1718,11 @@ class Message:
             f"exactly one: {shown}; {hint}, or choose from message.links()"
         )
         raise ExtractionError(msg, result=result)
+
+    def _unread_note(self) -> str:
+        """For an error that found nothing: what of the mail was not read, if anything."""
+        unread = self._parsed.unread
+        return f"; not read: {', '.join(unread)}" if unread else ""
 
     def _codes(self, source: str, texts: tuple[str, ...], *, given: bool) -> dict[str, None]:
         """The distinct values ``source`` finds in ``texts`` (group 1 if it has one)."""
@@ -1730,6 +1797,7 @@ class Message:
             msg = f"no code matching {shown} in the subject or body of message {self._label}"
             if pattern is None:
                 msg += '; for a code of another shape pass pattern=, e.g. r"code: ([A-Z0-9]{6})"'
+            msg += self._unread_note()
             raise ExtractionError(msg, result=result)
         masked = ", ".join(_mask(v) for v in list(values)[:_MAX_LISTED])
         if len(values) > _MAX_LISTED:
