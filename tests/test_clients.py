@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import smtplib
+from email import policy
 from email.message import EmailMessage
+from pathlib import Path
 
 import aiosmtplib
 import pytest
 
-from pytest_mailbox import ClaimedMessage, Mailbox, MailSink, Store
+from pytest_mailbox import ClaimedMessage, EmailContract, Mailbox, MailSink, Store
 
 SUBJECT = "Vérifiez votre adresse \N{WHITE HEAVY CHECK MARK}"
 SENDER = "noreply@app.example.test"
@@ -154,3 +156,49 @@ def test_address_variants_route_to_the_alias(
     (row,) = mailbox_store.messages(isolated_mailbox.mailbox_id)
     assert (row.message_id, row.alias, row.tag) == (msg.message_id, isolated_mailbox.alias, tag)
     assert_verification_mail(msg)
+
+
+@pytest.mark.parametrize("client", ["smtplib", "aiosmtplib"])
+def test_a_plus_tag_in_any_script_at_a_utf8_domain_is_routed_and_selected(
+    tmp_path: Path, client: str
+) -> None:
+    """SMTPUTF8 (RFC 6531): the sink took ``alias+тег@bücher.test`` and routed it to the
+    alias, but ``wait_for(tag="тег")`` and ``tagged("тег")`` refused the tag as no tag."""
+    with (
+        Store(tmp_path / "store.sqlite3") as store,
+        MailSink(store, domains=["bücher.test"]) as sink,
+    ):
+        mailbox = Mailbox.reserve(
+            store,
+            contract=EmailContract(purpose="utf8", ttl=60),
+            domain="bücher.test",
+            signal=sink.signal,
+        )
+        address = mailbox.tagged("ТЕГ")
+        assert address == f"{mailbox.alias}+тег@xn--bcher-kva.test"
+        sent = f"{mailbox.alias}+Тег@BÜCHER.test"  # another spelling of the same address
+        mail = verification_mail(sent)
+        mail.policy = policy.SMTPUTF8
+        raw = mail.as_bytes()  # once: each flattening draws a new MIME boundary
+        options = ["SMTPUTF8", "BODY=8BITMIME"]
+        if client == "smtplib":
+            with smtplib.SMTP(sink.host, sink.port) as smtp:
+                assert smtp.sendmail(SENDER, [sent], raw, mail_options=options) == {}
+        else:
+            asyncio.run(
+                aiosmtplib.send(
+                    raw,
+                    sender=SENDER,
+                    recipients=[sent],
+                    mail_options=options,
+                    hostname=sink.host,
+                    port=sink.port,
+                )
+            )
+
+        msg = mailbox.wait_for(tag="тег", timeout=10)
+
+        assert msg.envelope_to == sent
+        assert msg.raw == raw
+        assert msg.link() == LINK
+        assert msg.code() == CODE

@@ -325,6 +325,10 @@ def test_tagged_keeps_the_local_part_within_64_octets(isolated_mailbox: Mailbox)
         f"allowed: a plus-tag of at most {room} characters beside the alias "
         f"{isolated_mailbox.alias}"
     )
+    # RFC 5321 counts octets: a tag beyond ASCII takes two to four of them a character
+    assert isolated_mailbox.tagged("\u00e9" * (room // 2)).isascii() is False
+    with pytest.raises(ContractError, match=f"at most {room} octets of UTF-8 beside the alias"):
+        isolated_mailbox.tagged("\u00e9" * (room // 2 + 1))
 
 
 def test_a_wait_for_another_tag_times_out_saying_each_message_s_tag(
@@ -375,7 +379,9 @@ def test_tagged_refuses_a_tag_that_would_make_no_address(
         isolated_mailbox.tagged(tag)
 
 
-@pytest.mark.parametrize("tag", ["a b", "friend@x", "", "x" * 65, 7])
+@pytest.mark.parametrize(
+    "tag", ["a b", "friend@x", "", "x" * 65, 7, "\u00e9" * 33, "a\u3000b", "a\u200eb"]
+)
 def test_tagged_refuses_what_no_address_could_carry(isolated_mailbox: Mailbox, tag: Any) -> None:
     with pytest.raises(ContractError) as caught:
         isolated_mailbox.tagged(tag)

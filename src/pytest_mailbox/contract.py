@@ -323,13 +323,21 @@ class Selector(BaseModel):
 
 
 def tag_problem(tag: object, *, empty: bool = False) -> str | None:
-    """Why ``tag`` cannot be the plus-tag of an address (``alias+tag@domain``), or None."""
-    if isinstance(tag, str) and (
-        (tag or empty) and len(tag) <= 64 and re.fullmatch(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]*", tag)
+    """Why ``tag`` cannot be the plus-tag of an address (``alias+tag@domain``), or None.
+
+    Beyond ASCII, any printable character but a space, as RFC 6531 allows in a local part:
+    the sink takes ``alias+тег@domain`` under SMTPUTF8 and routes it to the alias.
+    """
+    if (
+        isinstance(tag, str)
+        and (tag or empty)
+        and len(tag.encode("utf-8", "surrogatepass")) <= 64
+        and all(c in _ATEXT or (c >= "\x80" and c.isprintable() and not c.isspace()) for c in tag)
     ):
         return None
+    size = "64" if not isinstance(tag, str) or tag.isascii() else "64 octets of UTF-8:"
     return (
-        "a plus-tag is up to 64 letters, digits or any of !#$%&'*+/=?^_`{|}~.- "
+        f"a plus-tag is up to {size} letters, digits or any of !#$%&'*+/=?^_`{{|}}~.- "
         "(no '@', spaces or quotes)" + ("; '' for mail to the alias alone" if empty else "")
     )
 
@@ -342,6 +350,12 @@ def address_tag_problem(tag: object) -> str | None:
     if problem is None and isinstance(tag, str) and (tag.endswith(".") or ".." in tag):
         problem = "a plus-tag that does not end in '.' or hold '..' (no address would)"
     return problem
+
+
+#: What an address's local part may hold in ASCII, beside letters and digits (RFC 5322 atext).
+_ATEXT = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&'*+/=?^_`{|}~.-"
+)
 
 
 def _instant(value: Checkpoint | datetime | float) -> str:

@@ -370,8 +370,13 @@ class Mailbox:
         (a second address for one test, as an invitation to a friend needs)."""
         __tracebackhide__ = True
         problem = address_tag_problem(tag)
-        if problem is None and len(tag) > self._tag_room:
+        if problem is None and len(tag.encode("utf-8")) > self._tag_room:
             problem = self._room_problem
+            if not tag.isascii():  # RFC 5321 counts octets
+                problem = (
+                    f"a plus-tag of at most {self._tag_room} octets of UTF-8 beside the "
+                    f"alias {self.alias}"
+                )
         if problem is not None:
             msg = f"tagged: tag={shown(tag)} is invalid; allowed: {problem}"
             raise ContractError(msg)
