@@ -331,3 +331,24 @@ def test_a_forwarded_message_or_an_attached_file_is_not_read_and_the_error_says_
     assert "Zq8xYtK2m" not in str(e.value)
     with pytest.raises(ExtractionError, match=re.escape(f"not read: {unread}")):
         msg.code()
+
+
+def test_a_code_in_the_html_beside_a_stub_text_part_is_found(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """Mailers that send HTML mail add a text part that only says where to read it (``View
+    this email in your browser``): code() read that part alone, and said "no code" of a
+    mail that plainly showed one. The HTML part is read when the text part has none."""
+    text = "View this email in your browser: https://app.example.test/view/8f3a9c77d1e2\n"
+    html = (
+        "<p>Your sign-in code is <b>482913</b>.</p>"
+        '<p><a href="https://app.example.test/verify?code=482913">Sign in</a></p>'
+        "<p>\N{COPYRIGHT SIGN} 2026 Example</p>"
+    )
+    send(mailbox_server, isolated_mailbox.address, "Your sign-in code", text, html)
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in code", timeout=10)
+
+    assert msg.code() == "482913"
+    assert msg.code(pattern=r"code=(\d+)") == "482913"  # in the HTML's link
+    assert msg.body_text == text  # what selectors search is still the text part

@@ -1590,7 +1590,7 @@ class Message:
         """The plain body, or the HTML body as plain text when there is none: what is searched."""
         if self.text.strip():
             return self.text
-        return " ".join("".join(self._html_scan.chunks).split())
+        return self._html_text
 
     @property
     def defects(self) -> list[str]:
@@ -1719,6 +1719,31 @@ class Message:
         )
         raise ExtractionError(msg, result=result)
 
+    def _code_values(
+        self, source: str, pattern: str | None, texts: tuple[str, ...], text: str
+    ) -> dict[str, None]:
+        """The values ``source`` finds in ``texts``: for the default pattern outside links,
+        dates and times, then glued to words where none stands alone; for a pattern given,
+        in an HTML body's hrefs where its text (``text``: the text part) has none."""
+        __tracebackhide__ = True
+        if pattern is None:  # nor in a date, a time, or a copyright's year (``© 2026``)
+            texts = tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
+        values = self._codes(source, texts, given=pattern is not None)
+        if not values and pattern is not None and not text.strip():
+            # The HTML body was searched: its links are in its hrefs, which its text leaves
+            # out. Looked in only when the text has no match: a pattern that found the one
+            # code of the text (r"(\d{6})") finds it still, beside an unsubscribe link's id.
+            hrefs = tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
+            values = self._codes(source, hrefs, given=True)
+        if not values and pattern is None:
+            values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
+        return values
+
+    @cached_property
+    def _html_text(self) -> str:
+        """The HTML body as plain text, as ``body_text`` reads it when there is no text part."""
+        return " ".join("".join(self._html_scan.chunks).split())
+
     def _unread_note(self) -> str:
         """For an error that found nothing: what of the mail was not read, if anything."""
         unread = self._parsed.unread
@@ -1769,18 +1794,11 @@ class Message:
             raise ExtractionError(msg, result={"message_id": self.message_id})
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
-        texts: tuple[str, ...] = (self.body_text, self.subject)
-        if pattern is None:  # nor in a date, a time, or a copyright's year (``© 2026``)
-            texts = tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
-        values = self._codes(source, texts, given=pattern is not None)
-        if not values and pattern is not None and not self.text.strip():
-            # The HTML body was searched: its links are in its hrefs, which its text leaves
-            # out. Looked in only when the text has no match: a pattern that found the one
-            # code of the text (r"(\d{6})") finds it still, beside an unsubscribe link's id.
-            hrefs = tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
-            values = self._codes(source, hrefs, given=True)
-        if not values and pattern is None:
-            values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
+        values = self._code_values(source, pattern, (self.body_text, self.subject), self.text)
+        if not values and self.text.strip() and self.html.strip():
+            # A text part with no code at all may be a stub ("view this mail in your
+            # browser") beside the HTML that holds it: the HTML part is read then.
+            values = self._code_values(source, pattern, (self._html_text,), "")
         result: dict[str, Any] = {
             "message_id": self.message_id,
             "kind": "code",
