@@ -202,3 +202,80 @@ def test_a_plus_tag_in_any_script_at_a_utf8_domain_is_routed_and_selected(
         assert msg.raw == raw
         assert msg.link() == LINK
         assert msg.code() == CODE
+
+
+_HTML_PART = (
+    f'<p>Bonjour <img src="cid:logo"></p><a href="{LINK}">Vérifier</a><p>Code <b>{CODE}</b></p>'
+)
+_RELATED = (
+    'Content-Type: multipart/related; boundary="R"\r\n\r\n--R\r\n'
+    f"Content-Type: text/html; charset=utf-8\r\n\r\n{_HTML_PART}\r\n--R\r\n"
+    "Content-Type: image/png\r\nContent-ID: <logo>\r\nContent-Transfer-Encoding: base64\r\n"
+    "\r\niVBORw0KGgo=\r\n--R--\r\n"
+)
+_TEXT_PART = f"Content-Type: text/plain; charset=utf-8\r\n\r\nOuvrez {LINK}, code {CODE}.\r\n"
+_BODIES = {
+    # charsets beyond UTF-8, each body 8-bit (BODY=8BITMIME)
+    **{
+        charset: f"Content-Type: text/plain; charset={charset}\r\n"
+        f"Content-Transfer-Encoding: 8bit\r\n\r\n".encode()
+        + f"{greeting} {LINK}\r\n{CODE}\r\n".encode(codec)
+        for charset, codec, greeting in (
+            ("iso-2022-jp", "iso-2022-jp", "こんにちは"),
+            ("windows-1252", "cp1252", "Café – voilà"),
+            ("koi8-r", "koi8-r", "Привет"),
+            ("x-no-such-charset", "utf-8", "Grüße"),
+        )
+    },
+    "alternative-related": (
+        f'Content-Type: multipart/alternative; boundary="A"\r\n\r\n--A\r\n{_TEXT_PART}'
+        f"--A\r\n{_RELATED}--A--\r\n"
+    ).encode(),
+    "mixed-alternative-related-html-only": (
+        f'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
+        f'Content-Type: multipart/alternative; boundary="A"\r\n\r\n--A\r\n{_RELATED}--A--\r\n'
+        "--M\r\nContent-Type: application/pdf\r\n"
+        'Content-Disposition: attachment; filename="https://evil.example.test/?t=999999"'
+        "\r\n\r\nxx\r\n--M--\r\n"
+    ).encode(),
+    "related-alternative": (
+        f'Content-Type: multipart/related; boundary="R"\r\n\r\n--R\r\n'
+        f'Content-Type: multipart/alternative; boundary="A"\r\n\r\n--A\r\n{_TEXT_PART}'
+        f"--A\r\nContent-Type: text/html; charset=utf-8\r\n\r\n{_HTML_PART}\r\n--A--\r\n"
+        "--R\r\nContent-Type: image/png\r\nContent-ID: <logo>\r\n\r\nxx\r\n--R--\r\n"
+    ).encode(),
+}
+
+
+@pytest.mark.parametrize("client", ["smtplib", "aiosmtplib"])
+@pytest.mark.parametrize("kind", list(_BODIES))
+def test_charsets_and_nested_multiparts_are_stored_intact_and_read(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, client: str, kind: str
+) -> None:
+    """Every byte as sent; the one link and code found, in another charset too, in HTML
+    inside multipart/related, and never in an attachment named like a link."""
+    raw = (
+        f"From: {SENDER}\r\nTo: {isolated_mailbox.address}\r\nSubject: Code check\r\n"
+        "MIME-Version: 1.0\r\n"
+    ).encode() + _BODIES[kind]
+    to, options = [isolated_mailbox.address], ["BODY=8BITMIME"]
+    if client == "smtplib":
+        with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+            assert smtp.sendmail(SENDER, to, raw, mail_options=options) == {}
+    else:
+        asyncio.run(
+            aiosmtplib.send(
+                raw,
+                sender=SENDER,
+                recipients=to,
+                mail_options=options,
+                hostname=mailbox_server.host,
+                port=mailbox_server.port,
+            )
+        )
+
+    msg = isolated_mailbox.wait_for(subject="Code check", timeout=10)
+
+    assert msg.raw == raw
+    assert msg.link() == LINK
+    assert msg.code() == CODE
