@@ -1565,6 +1565,25 @@ def test_a_masker_hides_a_values_start_after_an_escape_and_a_cut() -> None:
     assert mask("b'...P4=5FrT7wQ9sL1AbCdEfGh?='") == "b'..." + "•" * 22 + "?='"
 
 
+def test_a_masker_hides_a_values_pieces_in_encoded_words_pytest_cut_short() -> None:
+    """pytest cuts a long repr of ``msg.raw`` anywhere: inside the second of the encoded
+    words a token is split across, or in the middle of its first."""
+    token = "XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+    mask = Masker(remember_extracted("link", f"https://app.example.test/verify?token={token}"))
+
+    start = "b'Subject: =?utf-8?q?y=3Ftoken=3DXjunxHf4YdBn5xS=5FEW?=\\r\\n =?utf-8?q?g-BeLw...'"
+    end = "b'...Lwh6rGtydG?=\\r\\n =?utf-8?q?IbI9ZdKxHdc?=\\r\\nTo: a'"
+    rest = "b'...5xS=5FEWg-BeLwh6rGtydGIbI9ZdKxHdc?=\\r\\nTo: a'"
+
+    assert mask(start) == (
+        "b'Subject: =?utf-8?q?y=3Ftoken=3D" + "•" * 20 + "?=\\r\\n =?utf-8?q?" + "•" * 6 + "...'"
+    )
+    assert mask(end) == "b'..." + "•" * 10 + "?=\\r\\n =?utf-8?q?" + "•" * 11 + "?=\\r\\nTo: a'"
+    assert mask(rest) == "b'..." + "•" * 33 + "?=\\r\\nTo: a'"
+    # dots in a word's text are no cut, and words with no value stay as they are
+    assert mask("=?utf-8?q?wait...?= =?utf-8?q?ok?=") == "=?utf-8?q?wait...?= =?utf-8?q?ok?="
+
+
 def test_a_bare_host_is_remembered_for_its_own_test_only() -> None:
     shared = remember_extracted("link", "https://bare-host.example.test/")
 

@@ -716,8 +716,17 @@ class Masker:
         value's bytes become bullets, the words' frames and line breaks kept."""
         hidden: list[tuple[int, int]] = []
         for run in _encoded_runs(text):
-            decoded, spans = _decoded(run)
-            for start, end in self._found_in(decoded):
+            decoded, spans = _decoded(run.words)
+            found = list(self._found_in(decoded))
+            # A run pytest cut (``...``) short: a value's piece at the cut, as _mask_cut.
+            for value in self.cut if run.cut_start or run.cut_end else ():
+                size = _start_before_cut(decoded, value) if run.cut_end else 0
+                if size:
+                    found.append((len(decoded) - size, len(decoded)))
+                size = _end_after_cut(decoded, value) if run.cut_start else 0
+                if size:
+                    found.append((0, size))
+            for start, end in found:
                 hidden.extend(span for piece in spans[start:end] for span in piece)
         if not hidden:
             return text
@@ -846,7 +855,12 @@ _SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
 
 
 #: An RFC 2047 encoded word: its charset (a language after ``*`` aside), Q or B, its text.
-_ENCODED_WORD = re.compile(r"=\?([^?*\s]+)(?:\*[^?\s]*)?\?([QqBb])\?([^?\s]*)\?=")
+_ENCODED_WORD = re.compile(
+    r"=\?(?P<charset>[^?*\s]+)(?:\*[^?\s]*)?\?(?P<encoding>[QqBb])\?"
+    r"(?P<text>[^?\s]*?)(?:\?=|(?P<cut>(?=\.\.\.)))"
+    # the rest of a word whose start pytest cut away (``...5xS=5FEWg?=``): read as Q
+    r"|(?<=\.\.\.)(?P<rest>[^?\s]+)\?="
+)
 #: What joins two encoded words of one run: folding white space, as printed or in a repr.
 _BETWEEN_WORDS = re.compile(r"(?:\r?\n|\\r\\n|\\n)?(?:[ \t]|\\t)+")
 _HEX_PAIR = re.compile(r"[0-9A-Fa-f]{2}")
@@ -855,27 +869,43 @@ _BASE64_QUAD = re.compile(r"[A-Za-z0-9+/=]{1,4}")
 _Bytes = list[tuple[int, int, int]]
 
 
-def _encoded_runs(text: str) -> Iterator[list[tuple[str, _Bytes]]]:
-    """Each run of encoded words in ``text`` (joined by folding white space only), as its
-    words' (charset, bytes) in order."""
-    run: list[tuple[str, _Bytes]] = []
+@dataclass
+class _Run:
+    """Encoded words joined by folding white space: each one's (charset, bytes), and
+    whether pytest cut the run short at its start or its end (``...``)."""
+
+    words: list[tuple[str, _Bytes]] = field(default_factory=list)
+    cut_start: bool = False
+    cut_end: bool = False
+
+
+def _encoded_runs(text: str) -> Iterator[_Run]:
+    """Each run of encoded words in ``text``, a word cut short by pytest's ``...`` (its end,
+    or its start) included."""
+    run = _Run()
     end = -1
     for match in _ENCODED_WORD.finditer(text):
-        if run and not _BETWEEN_WORDS.fullmatch(text, end, match.start()):
+        rest = match["rest"] is not None
+        joined = not rest and _BETWEEN_WORDS.fullmatch(text, end, match.start())
+        if run.words and (run.cut_end or not joined):
             yield run
-            run = []
-        run.append((match[1].lower(), _encoded_bytes(match)))
+            run = _Run()
+        run.cut_start = run.cut_start or (rest and not run.words)
+        charset = "utf-8" if rest else match["charset"].lower()
+        run.words.append((charset, _encoded_bytes(match)))
+        run.cut_end = match["cut"] is not None
         end = match.end()
-    if run:
+    if run.words:
         yield run
 
 
 def _encoded_bytes(word: re.Match[str]) -> _Bytes:
     """The bytes one encoded word carries, each with the span of text that encodes it; a
     base64 group that does not decode (padding broken, a stray character) carries none."""
-    start, payload = word.start(3), word[3]
+    group = "rest" if word["rest"] is not None else "text"
+    start, payload = word.start(group), word[group]
     found: _Bytes = []
-    if word[2] in "Bb":
+    if group == "text" and word["encoding"] in "Bb":
         for quad in _BASE64_QUAD.finditer(payload):
             piece = quad.group().rstrip("=")
             try:
