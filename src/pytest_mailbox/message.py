@@ -716,7 +716,9 @@ class Masker:
         value's bytes become bullets, the words' frames and line breaks kept."""
         hidden: list[tuple[int, int]] = []
         for run in _encoded_runs(text):
-            decoded, spans = _decoded(run.words)
+            if not self._holds_value(_quickly_decoded(run.words), run):
+                continue  # most runs: no character by character decoding
+            decoded, spans = _decoded([(cs, _encoded_bytes(word)) for cs, word in run.words])
             found = list(self._found_in(decoded))
             # A run pytest cut (``...``) short: a value's piece at the cut, as _mask_cut.
             for value in self.cut if run.cut_start or run.cut_end else ():
@@ -734,6 +736,16 @@ class Masker:
         for start, end in hidden:
             shown[start:end] = "\u2022" * (end - start)
         return "".join(shown)
+
+    def _holds_value(self, decoded: str, run: _Run) -> bool:
+        """``decoded`` (a run's text) holds a value, or may hold a piece of one at a cut."""
+        if next(self._found_in(decoded), None) is not None:
+            return True
+        return (run.cut_start or run.cut_end) and any(
+            (run.cut_end and _start_before_cut(decoded, v)) or
+            (run.cut_start and _end_after_cut(decoded, v))
+            for v in self.cut
+        )  # fmt: skip
 
     def _found_in(self, decoded: str) -> Iterator[tuple[int, int]]:
         """Where ``decoded`` holds a value, as ``__call__`` finds them (a value of digits
@@ -871,10 +883,10 @@ _Bytes = list[tuple[int, int, int]]
 
 @dataclass
 class _Run:
-    """Encoded words joined by folding white space: each one's (charset, bytes), and
+    """Encoded words joined by folding white space: each one's charset and match, and
     whether pytest cut the run short at its start or its end (``...``)."""
 
-    words: list[tuple[str, _Bytes]] = field(default_factory=list)
+    words: list[tuple[str, re.Match[str]]] = field(default_factory=list)
     cut_start: bool = False
     cut_end: bool = False
 
@@ -892,11 +904,36 @@ def _encoded_runs(text: str) -> Iterator[_Run]:
             run = _Run()
         run.cut_start = run.cut_start or (rest and not run.words)
         charset = "utf-8" if rest else match["charset"].lower()
-        run.words.append((charset, _encoded_bytes(match)))
+        run.words.append((charset, match))
         run.cut_end = match["cut"] is not None
         end = match.end()
     if run.words:
         yield run
+
+
+def _quickly_decoded(words: list[tuple[str, re.Match[str]]]) -> str:
+    """The text of a run of encoded words, decoded whole (as ``_decoded`` does, without
+    the spans): enough to tell whether it holds a value at all."""
+    parts: list[str] = []
+    for charset, group in itertools.groupby(words, key=lambda word: word[0]):
+        data = b"".join(_word_bytes(word) for _, word in group)
+        parts.append(_text_decoder(charset).decode(data, final=True))
+    return "".join(parts)
+
+
+def _word_bytes(word: re.Match[str]) -> bytes:
+    """The bytes ``_encoded_bytes`` reads in a word, for a Q word of ASCII at C speed."""
+    payload = word["rest"] if word["rest"] is not None else word["text"]
+    if (word["rest"] is not None or word["encoding"] in "Qq") and payload.isascii():
+        return _Q_ESCAPE.sub(_q_byte, payload).encode("latin-1")
+    return bytes(byte for byte, _, _ in _encoded_bytes(word))
+
+
+_Q_ESCAPE = re.compile(r"=([0-9A-Fa-f]{2})|_")
+
+
+def _q_byte(match: re.Match[str]) -> str:
+    return chr(int(match[1], 16)) if match[1] else " "
 
 
 def _encoded_bytes(word: re.Match[str]) -> _Bytes:
@@ -936,8 +973,13 @@ def _decoded(run: list[tuple[str, _Bytes]]) -> tuple[str, list[list[tuple[int, i
     spans: list[list[tuple[int, int]]] = []
     for charset, words in itertools.groupby(run, key=lambda word: word[0]):
         decoder = _text_decoder(charset)
+        ascii_safe = _ASCII_SAFE.fullmatch(getattr(decoder, "_name", ""))
         pending: list[tuple[int, int]] = []
         for byte, start, end in itertools.chain.from_iterable(w[1] for w in words):
+            if ascii_safe and byte < 0x80 and not pending:  # the common case, fast
+                text.append(chr(byte))
+                spans.append([(start, end)])
+                continue
             pending.append((start, end))
             out = decoder.decode(bytes([byte]))
             if out:
@@ -956,7 +998,17 @@ def _text_decoder(charset: str) -> codecs.IncrementalDecoder:
         info = None
     if info is None or not getattr(info, "_is_text_encoding", True):
         info = codecs.lookup("utf-8")
-    return info.incrementaldecoder("replace")
+    decoder = info.incrementaldecoder("replace")
+    decoder._name = info.name  # type: ignore[attr-defined]  # for _ASCII_SAFE
+    return decoder
+
+
+#: Codecs that read an ASCII byte as that character whatever came before it (not
+#: ISO-2022-JP's escapes, nor UTF-7's or UTF-16's units).
+_ASCII_SAFE = re.compile(
+    r"utf-8|ascii|latin-1|iso8859-\d+|cp125\d|cp9(?:32|49|50)|koi8-[a-z]+"
+    r"|shift_jis\w*|euc_\w+|gb2312|gbk|gb18030|big5\w*"
+)
 
 
 def _overlap(value: str) -> int:
