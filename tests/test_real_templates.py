@@ -301,9 +301,9 @@ FORWARDED = (
             'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
             "Content-Type: text/plain; charset=utf-8\r\n\r\nForwarded below.\r\n--M\r\n"
             f"Content-Type: message/rfc822\r\n\r\n{FORWARDED}\r\n--M--\r\n",
-            "a forwarded message (message/rfc822)",
+            "an attached message (message/rfc822)",
         ),
-        (f"Content-Type: message/rfc822\r\n\r\n{FORWARDED}", "a forwarded message"),
+        (f"Content-Type: message/rfc822\r\n\r\n{FORWARDED}", "an attached message"),
         (
             'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
             "Content-Type: text/plain\r\n"

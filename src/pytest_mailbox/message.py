@@ -917,7 +917,7 @@ def _quickly_decoded(words: list[tuple[str, re.Match[str]]]) -> str:
     parts: list[str] = []
     for charset, group in itertools.groupby(words, key=lambda word: word[0]):
         data = b"".join(_word_bytes(word) for _, word in group)
-        parts.append(_text_decoder(charset).decode(data, final=True))
+        parts.append(data.decode(_text_codec(charset).name, "replace"))
     return "".join(parts)
 
 
@@ -972,8 +972,9 @@ def _decoded(run: list[tuple[str, _Bytes]]) -> tuple[str, list[list[tuple[int, i
     text: list[str] = []
     spans: list[list[tuple[int, int]]] = []
     for charset, words in itertools.groupby(run, key=lambda word: word[0]):
-        decoder = _text_decoder(charset)
-        ascii_safe = _ASCII_SAFE.fullmatch(getattr(decoder, "_name", ""))
+        codec = _text_codec(charset)
+        decoder = codec.incrementaldecoder("replace")
+        ascii_safe = _ASCII_SAFE.fullmatch(codec.name)
         pending: list[tuple[int, int]] = []
         for byte, start, end in itertools.chain.from_iterable(w[1] for w in words):
             if ascii_safe and byte < 0x80 and not pending:  # the common case, fast
@@ -989,18 +990,14 @@ def _decoded(run: list[tuple[str, _Bytes]]) -> tuple[str, list[list[tuple[int, i
     return "".join(text), spans
 
 
-def _text_decoder(charset: str) -> codecs.IncrementalDecoder:
-    """An incremental decoder of ``charset``, or of UTF-8 if it names no text codec (an
-    unknown name, ``base64``, ``rot13``)."""
+def _text_codec(charset: str) -> codecs.CodecInfo:
+    """The codec of ``charset``, or UTF-8 if it names no text codec (an unknown name,
+    ``base64``, ``rot13``)."""
     try:
         info = codecs.lookup(email.charset.ALIASES.get(charset, charset))
     except (LookupError, ValueError):
-        info = None
-    if info is None or not getattr(info, "_is_text_encoding", True):
-        info = codecs.lookup("utf-8")
-    decoder = info.incrementaldecoder("replace")
-    decoder._name = info.name  # type: ignore[attr-defined]  # for _ASCII_SAFE
-    return decoder
+        return codecs.lookup("utf-8")
+    return info if getattr(info, "_is_text_encoding", True) else codecs.lookup("utf-8")
 
 
 #: Codecs that read an ASCII byte as that character whatever came before it (not
@@ -1451,10 +1448,11 @@ def _parse(raw: bytes) -> _Parsed:
 
 def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tuple[str, ...]:
     """What a mail holds that ``link()`` and ``code()`` do not read: a body whose base64
-    does not decode, a forwarded message, text attached as a file."""
+    does not decode, a message attached (a forward, a bounce's copy), text attached as a
+    file."""
     found: dict[str, None] = {}
     for body in bodies:
-        if body is not None and _payload_lost(body):
+        if body is not None and _undecoded(body):
             found[f"its {body.get_content_type()} body, whose base64 does not decode "
                   f"({_UNDECODABLE}: cut short?)"] = None  # fmt: skip
     for part in _walk(tree, into_attached=False):
@@ -1463,7 +1461,7 @@ def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tupl
             if part in bodies:
                 continue
             if kind.startswith("message/"):  # the whole mail, too: a bounce, a forward
-                found[f"a forwarded message ({kind})"] = None
+                found[f"an attached message ({kind})"] = None
             elif part is not tree and kind.startswith("text/") and part.is_attachment():
                 found[f"an attached file ({kind})"] = None
         except Exception:  # a part whose headers cannot be read
@@ -1471,11 +1469,14 @@ def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tupl
     return tuple(found)
 
 
-def _payload_lost(part: EmailMessage) -> bool:
+def _undecoded(part: EmailMessage) -> bool:
+    """A body part ``_payload`` found undecodable (it was decoded before: the email
+    package records the defect then)."""
     try:
-        return _payload(part) is None and part.get_content_maintype() == "text"
+        encoding = str(part.get("content-transfer-encoding", "")).strip().lower()
     except Exception:
         return False
+    return encoding == "base64" and any(type(d).__name__ == _UNDECODABLE for d in part.defects)
 
 
 @dataclass(frozen=True)
