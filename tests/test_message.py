@@ -1479,6 +1479,17 @@ def test_a_masker_finds_a_six_digit_code_across_a_soft_line_break() -> None:
     assert Masker({"482913"})("code 482=\n913 ok") == "code ••••\n••• ok"
 
 
+def test_a_masker_finds_a_value_across_a_soft_line_break_padded_with_white_space() -> None:
+    """RFC 2045 6.7: a transport may add white space after a soft break's ``=``; the
+    body is read through it (link() finds the whole link), so a printed raw message
+    must be masked through it too."""
+    mask = Masker({"482913", "Zq8xYtK2mP4rT7wQ9sL1"})
+
+    assert mask("code 482= \n913 ok") == "code •••••\n••• ok"
+    assert mask("t=3DZq8xYtK2m=\t\r\nP4rT7wQ9sL1.") == "t=3D" + "•" * 11 + "\r\n" + "•" * 11 + "."
+    assert "P4rT7wQ9sL1" not in mask(repr(b"t=3DZq8xYtK2m= \r\nP4rT7wQ9sL1\r\n"))
+
+
 def test_a_masker_finds_a_value_quoted_printable_escaped_in_a_raw_body() -> None:
     link = "https://app.example.test/verify?token=Zq8xK2pLmN4vB7cR9tYwQ2s=="
     mask = Masker(remember_extracted("link", link) | {"コードQX7K"})

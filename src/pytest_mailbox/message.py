@@ -862,8 +862,9 @@ _MIN_CUT = 3
 _MIN_INNER = 8
 #: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
 _MAX_PIECED = 4096
-#: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``).
-_SOFT_BREAK = re.compile(r"=(?:\r?\n|\\r\\n|\\n)")
+#: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``),
+#: with the white space a transport may add after its ``=`` (RFC 2045 6.7).
+_SOFT_BREAK = re.compile(r"=(?:[ \t]|\\t)*(?:\r?\n|\\r\\n|\\n)")
 
 
 #: An RFC 2047 encoded word: its charset (a language after ``*`` aside), Q or B, its text.
