@@ -1035,6 +1035,34 @@ def test_a_mailbox_that_vanishes_during_a_call_is_policy_denied_not_a_foreign_me
     ]
 
 
+@pytest.mark.parametrize("tool", ["claim_message", "ack_message"])
+def test_a_mailbox_that_vanishes_before_a_call_by_message_id_is_gone_not_a_wrong_id(
+    store: Store, db: Path, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    """The store is replaced after the call found the mailbox open, before it names its
+    message to the store: the id the agent took from wait_for_message is not a mistake to
+    fix (``fix_arguments`` would spend its reads on other ids), the mailbox is gone."""
+    mailbox = reserve_mailbox(store)
+    tools = mailbox.agent_tools()
+    own = mailbox.mailbox_id
+    message_id = deliver(store, mailbox)
+    arguments: dict[str, Any] = {"fixture_id": own, "selector": {"message_id": message_id}}
+    if tool == "ack_message":
+        claimed = tools.call("claim_message", arguments)
+        arguments = {"fixture_id": own, "message_id": message_id, "fence": claimed["fence"]}
+    policy = AgentTools._policy
+
+    def replaced_first(self: AgentTools, *args: Any) -> Answer | None:
+        _replaced(store, db)
+        return policy(self, *args)
+
+    monkeypatch.setattr(AgentTools, "_policy", replaced_first)
+    answer = tools.call(tool, arguments)
+    assert (answer["status"], answer["next_action"]) == ("policy_denied", {"do": "stop"})
+    assert answer["reason"].startswith("this run's mailbox is gone from its store")
+    assert "message_id" not in answer
+
+
 def test_a_stale_fence_is_refused_and_changes_nothing(
     clocked: tuple[Store, Clock, MailSink],
 ) -> None:

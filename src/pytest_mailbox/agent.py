@@ -1471,7 +1471,12 @@ class AgentTools:
         status, result = exc.status, exc.result
         if status in _CLOSED:
             return self._closed(status)
-        if status is Status.POLICY_DENIED and result.get("mailbox_id") == self.mailbox.mailbox_id:
+        if status is Status.POLICY_DENIED and (
+            result.get("mailbox_id") == self.mailbox.mailbox_id
+            # A message the store does not know: the mailbox may be gone with it (claim or
+            # ack by message_id), which is no wrong id for the agent to fix.
+            or ("why" not in result and self._state() is None)
+        ):
             return self._gone()  # the mailbox vanished from its store during the call
         if isinstance(args, ClaimMessage):
             args = args.selector
