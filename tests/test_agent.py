@@ -2486,6 +2486,40 @@ def test_mcp_server_honours_the_tests_checkpoint_as_the_toolset_in_process_does(
     assert ids(claimed) == ("policy_denied", new)
 
 
+@pytest.mark.email_contract(purpose="signup", link_domains=[APP], max_reads=5)
+def test_mcp_server_honours_a_checkpoint_the_test_makes_while_it_runs(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """One session: a mail the server offered is old once the test checkpoints, at the
+    server's next call, as the toolset in process says (not only a server started later)."""
+    own = isolated_mailbox.mailbox_id
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+    app.signup(isolated_mailbox.address)
+    (sent,) = [m.message_id for m in mailbox_store.messages(own)]
+    claim = {"fixture_id": own, "selector": {"message_id": sent}}
+
+    async def session() -> list[dict[str, Any]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+
+            async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+                return dict((await client.call_tool(name, arguments)).structured_content or {})
+
+            before = await call("wait_for_message", wait)
+            isolated_mailbox.checkpoint()  # while the server runs, between its calls
+            waited = await call("wait_for_message", wait)
+            return [before, waited, await call("claim_message", claim)]
+
+    before, waited, claimed = asyncio.run(session())
+    assert (before["status"], before["message_id"]) == ("waiting", sent)
+    assert (waited["status"], waited.get("message_id")) == ("waiting", None)
+    assert (claimed["status"], claimed["message_id"]) == ("policy_denied", sent)
+    assert tools.call("claim_message", claim)["status"] == "policy_denied"  # as in process
+
+
 def test_mcp_server_refuses_to_start_without_a_valid_binding(
     isolated_mailbox: Mailbox,
     mailbox_store: Store,
