@@ -2952,6 +2952,145 @@ def test_mcp_server_answers_requests_whose_ids_differ_in_type_only_before_it_exi
     assert sorted(repr(a["id"]) for a in answers) == ["'7'", "0", "7"]
 
 
+@dataclass
+class _Live:
+    """An MCP server in a session with the test, which writes and reads as the client."""
+
+    server: subprocess.Popen[bytes]
+
+    def send(self, *messages: dict[str, Any]) -> None:
+        assert self.server.stdin is not None
+        for message in messages:
+            self.server.stdin.write(json.dumps(message).encode() + b"\n")
+        self.server.stdin.flush()
+
+    def answer(self) -> dict[str, Any]:
+        """The next answer, as it is written (a blocking read)."""
+        assert self.server.stdout is not None
+        line = self.server.stdout.readline()
+        assert line, "the server closed stdout"
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def rest(self) -> list[dict[str, Any]]:
+        """The answers still to come, until the server exits."""
+        assert self.server.stdout is not None
+        return [json.loads(line) for line in self.server.stdout.read().splitlines()]
+
+
+@contextmanager
+def _live(tools: AgentTools, stderr: Path) -> Iterator[_Live]:
+    """A server past its opening (``initialize`` answered), stderr into ``stderr``."""
+    pipe = subprocess.PIPE
+    with (
+        stderr.open("wb") as err,
+        subprocess.Popen(tools.mcp_command(), stdin=pipe, stdout=pipe, stderr=err) as server,
+    ):
+        live = _Live(server)
+        initialize, initialized = _OPENING
+        live.send(initialize)
+        assert live.answer()["id"] == 0
+        live.send(initialized)
+        try:
+            yield live
+        finally:
+            if server.poll() is None:  # a test that failed: no server left behind
+                server.kill()
+
+
+def _cancel(request_id: int | str) -> dict[str, Any]:
+    params = {"requestId": request_id, "reason": "the user pressed stop"}
+    return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+
+
+_PING = {"jsonrpc": "2.0", "id": "ping", "method": "ping"}
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, max_reads=50)
+def test_mcp_server_stops_a_cancelled_wait_at_once_and_its_evidence_says_cancelled(
+    isolated_mailbox: Mailbox, app: SignupApp, tmp_path: Path
+) -> None:
+    """A wait the client cancelled went on in its thread until its timeout (up to a
+    minute), holding one of the forty: with forty such, nothing else ran. It stops at
+    once, claims nothing, is not answered (MCP's rule) and its evidence says
+    ``cancelled``; a message that comes after it is there for the next call."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    wait = {"fixture_id": own, "kind": "code", "timeout": 60}
+    reserve = {"name": "reserve_mailbox", "arguments": {"purpose": "signup", "ttl": 60}}
+    claim = {"name": "claim_message", "arguments": {"fixture_id": own, "selector": {}}}
+
+    with _live(tools, tmp_path / "stderr") as live:
+        live.send(*[_wait_call(i, wait) for i in range(1, 41)], _PING)  # every call thread
+        assert live.answer()["id"] == "ping"
+        live.send(_cancel(1))
+        # its thread is the one that frees: until then, this call cannot start
+        live.send({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": reserve})
+        reserved = live.answer()
+        assert reserved["id"] == 41
+        cancelled = {e.tool_call_id.rsplit("-", 1)[1]: e for e in tools.evidence()}["1"]
+        assert (cancelled.steps, cancelled.status) == (
+            ["proposed", "allowed", "cancelled"],
+            "cancelled",
+        )
+        app.signup(isolated_mailbox.address)  # after the cancel: the others find it
+        found = [live.answer() for _ in range(39)]
+        live.send({"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": claim})
+        claimed = live.answer()
+        assert live.server.stdin is not None
+        live.server.stdin.close()
+        assert live.rest() == []
+        assert live.server.wait(timeout=60) == 0
+
+    assert sorted(a["id"] for a in found) == list(range(2, 41))  # 1 is never answered
+    assert {a["result"]["structuredContent"]["status"] for a in found} == {"waiting"}
+    assert claimed["result"]["structuredContent"]["status"] == "claimed"
+    assert (
+        cancelled.reason
+        == "the client cancelled the call: the wait stopped, and nothing was claimed"
+    )
+    assert (tmp_path / "stderr").read_text() == ""
+
+
+@SIGNUP
+def test_a_claim_made_before_its_cancel_stands_and_its_evidence_says_so(
+    isolated_mailbox: Mailbox, app: SignupApp, tmp_path: Path
+) -> None:
+    """A cancel that comes once the claim is made cannot undo it: the answer is not sent
+    (MCP's rule), so the evidence says the claim stands, with its fence, and how the agent
+    gets it back; the lease ends it otherwise."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    claim = {"name": "claim_message", "arguments": {"fixture_id": own, "selector": {}}}
+    holder = sqlite3.connect(isolated_mailbox.store.path, isolation_level=None)
+
+    with _live(tools, tmp_path / "stderr") as live:
+        holder.execute("BEGIN IMMEDIATE")  # the claim waits for the store's write lock
+        live.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": claim}, _PING)
+        assert live.answer()["id"] == "ping"  # the claim is in its thread by now
+        live.send(_cancel(5))
+        holder.execute("ROLLBACK")  # the claim is made after its cancel came
+        assert live.server.stdin is not None
+        live.server.stdin.close()
+        assert live.rest() == []  # a cancelled request is not answered
+        assert live.server.wait(timeout=60) == 0
+    holder.close()
+
+    (message,) = isolated_mailbox.store.messages(own)
+    assert (message.state, message.holder) == ("claimed", isolated_mailbox.run_id)
+    (entry,) = tools.evidence()
+    assert (entry.steps, entry.status) == (
+        ["proposed", "allowed", "executed", "cancelled"],
+        "claimed",
+    )
+    assert entry.reason == (
+        f"the client cancelled the call once it had run: the answer was not sent, and the "
+        f"claim (fence {message.fence}) stands until its lease ends; a claim_message again "
+        "gets it back (already_claimed, with its fence)"
+    )
+
+
 @SIGNUP
 def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
     tools = isolated_mailbox.agent_tools()

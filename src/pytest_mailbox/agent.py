@@ -11,7 +11,8 @@ Every call goes intent → policy → adapter → evidence:
 - evidence: every call is journaled ``proposed → allowed → executed`` (``refused`` when the
   store said no and nothing changed, ``simulated`` in dry-run, ``failed`` if the harness
   failed), or ``proposed → rejected``, with its reason and latency; a call that has not
-  returned stays ``proposed → allowed``, ``unfinished``.
+  returned stays ``proposed → allowed``, ``unfinished``; one whose client cancelled it ends
+  in ``cancelled`` (an MCP server's calls).
 
 Answers are small and structured and never carry a body, a raw token or a code: a link comes
 back redacted, and the test side reads the real value with ``AgentTools.reveal``.
@@ -118,6 +119,9 @@ _CLOSED_STATES = frozenset(status.value for status in _CLOSED)
 #: The status of an evidence entry whose call had not returned: still running, or its process
 #: ended first (an MCP server killed mid-call). Its budget was counted all the same.
 UNFINISHED = "unfinished"
+#: The status of an evidence entry whose wait the client cancelled (MCP's
+#: ``notifications/cancelled``): it stopped, and its answer was not sent.
+CANCELLED = "cancelled"
 
 log = logging.getLogger("pytest_mailbox.agent")
 #: For the test's author: the agent would only see a wait that found nothing.
@@ -643,17 +647,20 @@ class _Journal:
         ).fetchone()
         return int(used)
 
-    def write(self, row: int | None, entry: AgentEvidence) -> None:
+    def write(self, row: int | None, entry: AgentEvidence) -> int:
+        """Write ``entry`` over ``row``, or as a new row (None): the row it is in."""
         with self._connect() as conn:
             if row is None:
-                conn.execute(
+                row = conn.execute(
                     "INSERT INTO evidence (mailbox_id, tool, allowed, entry) VALUES (?,?,0,?)",
                     (entry.mailbox_id, entry.tool, entry.model_dump_json()),
-                )
+                ).lastrowid
+                assert row is not None
             else:
                 conn.execute(
                     "UPDATE evidence SET entry = ? WHERE seq = ?", (entry.model_dump_json(), row)
                 )
+        return row
 
     def entries(self, mailbox_id: str) -> list[AgentEvidence]:
         with self._connect() as conn:
@@ -679,9 +686,29 @@ class _Call:
     #: Until it is made (or if making it failed), every text is masked whole.
     hide: Callable[[str], str] = lambda text: "\u2022" * len(text)
     recorded: Recorded | None = None  # those digests
+    #: Set when the client cancels the call (an MCP server's ``notifications/cancelled``).
+    cancelled: threading.Event | None = None
+    status: str | None = None  # the evidence's, where it is not the answer's (cancelled)
+    reason: str | None = None  # likewise
+    latency_ms: float | None = None  # as first journaled
 
     def with_step(self, step: str) -> _Call:
         return replace(self, steps=[*self.steps, step])
+
+
+class _Cancelled(Exception):
+    """A wait whose client cancelled it: it stopped, and nothing is answered."""
+
+
+class _Either:
+    """Set once either event is: a wait stops when its toolset closes or its call is
+    cancelled (``Mailbox.look_for(stop=)``)."""
+
+    def __init__(self, *events: threading.Event | None) -> None:
+        self._events = [event for event in events if event is not None]
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self._events)
 
 
 def _str(value: object) -> str:
@@ -916,11 +943,25 @@ class AgentTools:
         ``arguments`` is the call's JSON object, as a dict or as the JSON text that chat
         APIs deliver. The answer is a JSON-ready dict (``Answer``).
         """
+        answer, _ = self._call(name, arguments, tool_call_id)
+        return answer
+
+    def _call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str | None,
+        tool_call_id: str | None,
+        cancelled: threading.Event | None = None,
+    ) -> tuple[dict[str, Any], Callable[[], None]]:
+        """``call``, which the client may cancel by setting ``cancelled`` (the MCP server):
+        a wait stops at once, and the evidence says so. Also returns what records a cancel
+        that comes after the call returned, before its answer was sent."""
         started = time.perf_counter()
         call = _Call(
             tool=name if isinstance(name, str) and name in self._tools else _name(name),
             tool_call_id=_call_id(tool_call_id) if tool_call_id else f"tc-{secrets.token_hex(6)}",
             at=utc(self.mailbox.store.clock()),
+            cancelled=cancelled,
         )
         try:
             self._hider(call)
@@ -929,6 +970,8 @@ class AgentTools:
                 answer = answer.model_copy(update={"reason": call.hide(answer.reason)})
             if self.contract.mode == "dry-run":
                 answer = answer.model_copy(update={"dry_run": True})
+            if cancelled is not None and cancelled.is_set():
+                self._cancelled_after(call, answer)
             if not call.quiet:
                 self._record(call, answer, started)
         except Exception as exc:  # the surface never raises: a failure is an answer too
@@ -950,7 +993,43 @@ class AgentTools:
             call.steps.append("failed")
             with suppress(Exception):
                 self._record(call, answer, started)
-        return answer.model_dump(mode="json", exclude_none=True)
+        return answer.model_dump(mode="json", exclude_none=True), functools.partial(
+            self._cancelled_late, call, answer
+        )
+
+    def _cancelled_after(self, call: _Call, answer: Answer) -> None:
+        """Mark a call whose client cancelled it once it had run (its answer is not sent):
+        what it did stands, and the evidence says so, with how to get a claim back."""
+        if CANCELLED in call.steps:  # a wait that the cancel stopped says so already
+            return
+        call.steps.append(CANCELLED)
+        said = "the client cancelled the call once it had run: the answer was not sent"
+        if answer.status == Status.CLAIMED.value and answer.fence is not None:
+            said += (
+                f", and the claim (fence {answer.fence}) stands until its lease ends; a "
+                "claim_message again gets it back (already_claimed, with its fence)"
+            )
+        elif call.steps[-2] == "executed":
+            said += ", and what it did stands"
+        call.reason = said if answer.reason is None else f"{answer.reason}; {said}"
+
+    def _cancelled_late(self, call: _Call, answer: Answer) -> None:
+        """Record a cancel that came after the call returned, before its answer was sent
+        (the MCP server asks, once the call is back). Never raises."""
+        if call.quiet or call.row is None or CANCELLED in call.steps:
+            return
+        try:
+            self._cancelled_after(call, answer)
+            status, latency_ms = call.status or answer.status, call.latency_ms or 0.0
+            entry = self._entry(call, status, call.reason, latency_ms)
+            self._journal.write(call.row, entry)
+        except Exception:  # the answer stays as journaled, without the cancel
+            log.warning(
+                "the cancel of agent tool call %s of %s could not be journaled\n%s",
+                call.hide(call.tool_call_id),
+                self.mailbox.mailbox_id,
+                traceback.format_exc(),
+            )
 
     async def acall(
         self,
@@ -1031,8 +1110,9 @@ class AgentTools:
         return _remasked(entry, call.hide)
 
     def _record(self, call: _Call, answer: Answer, started: float) -> None:
-        latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        self._journal.write(call.row, self._entry(call, answer.status, answer.reason, latency_ms))
+        call.latency_ms = latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        status, reason = call.status or answer.status, call.reason or answer.reason
+        call.row = self._journal.write(call.row, self._entry(call, status, reason, latency_ms))
 
     def _decide(self, name: str, arguments: Mapping[str, Any] | str | None, call: _Call) -> Answer:
         tool = self._tools.get(name) if isinstance(name, str) else None
@@ -1116,17 +1196,28 @@ class AgentTools:
             )
             call.steps.append("simulated")
         else:
-            try:
-                answer = self._adapt(tool, args)
-                call.steps.append("executed")
-            except StoreError:  # not a refusal: the harness failed (call() logs it)
-                raise
-            except MailboxError as exc:
-                answer = self._refusal(exc, args, tool)
-                call.steps.append("refused")
+            answer = self._execute(tool, args, call)
         if answer.status in (Status.RELEASED.value, Status.EXPIRED.value):
             self._terminal = self._closed(Status(answer.status), simulated=dry)
         return answer.model_copy(update={"attempt": attempt, "remaining_ms": self._remaining_ms()})
+
+    def _execute(self, tool: _Tool, args: _Arguments, call: _Call) -> Answer:
+        """The adapter's answer, the call's step recorded: executed, refused, or cancelled
+        (a wait its client cancelled)."""
+        try:
+            answer = self._adapt(tool, args, call.cancelled)
+            call.steps.append("executed")
+        except _Cancelled:  # never sent to the client: what the evidence and the log say
+            call.steps.append(CANCELLED)
+            call.status = CANCELLED
+            call.reason = "the client cancelled the call: the wait stopped, and nothing was claimed"
+            answer = self._reply(Status.WAITING, _STOP, call.reason)
+        except StoreError:  # not a refusal: the harness failed (call() logs it)
+            raise
+        except MailboxError as exc:
+            answer = self._refusal(exc, args, tool)
+            call.steps.append("refused")
+        return answer
 
     def _reply(
         self, status: Status, next_action: NextAction, reason: str | None = None, **fields: Any
@@ -1275,12 +1366,14 @@ class AgentTools:
         """The answer of a call that did what it was asked."""
         return self._reply(tool.done, tool.then, **fields)
 
-    def _adapt(self, tool: _Tool, args: _Arguments) -> Answer:
+    def _adapt(
+        self, tool: _Tool, args: _Arguments, cancelled: threading.Event | None = None
+    ) -> Answer:
         mailbox = self.mailbox
         if isinstance(args, WaitForMessage | ClaimMessage):
             self._caught_up()
         if isinstance(args, WaitForMessage):
-            return self._wait(tool, args)
+            return self._wait(tool, args, cancelled)
         if isinstance(args, ClaimMessage):
             return self._claim(tool, args)
         if isinstance(args, AckMessage):
@@ -1309,8 +1402,11 @@ class AgentTools:
         """The address ``reserve_mailbox`` answers: with a tag, ``Mailbox.tagged``'s."""
         return self.mailbox.address if args.tag is None else self.mailbox.tagged(args.tag)
 
-    def _wait(self, tool: _Tool, args: WaitForMessage) -> Answer:
-        """Wait for messages carrying ``kind``, without claiming one; cut short by close()."""
+    def _wait(
+        self, tool: _Tool, args: WaitForMessage, cancelled: threading.Event | None = None
+    ) -> Answer:
+        """Wait for messages carrying ``kind``, without claiming one; cut short by close(),
+        stopped by ``cancelled`` (``_Cancelled``: its client will not read the answer)."""
         if args.timeout and _loop_running():
             log.warning(_BLOCKING_WAIT)
         # Reading stops at the timeout, or after READ_ALLOWANCE, whichever is later: a poll
@@ -1336,9 +1432,12 @@ class AgentTools:
         offered = self.mailbox.look_for(
             carries,
             timeout=args.timeout,
-            stop=self._closing,  # close(): ends at the next poll, scanning only on news
+            # close() or a cancel: ends at the next poll, scanning only on news
+            stop=_Either(self._closing, cancelled),
             selector=Selector(tag=args.tag),
         )
+        if cancelled is not None and cancelled.is_set():
+            raise _Cancelled
         if not offered and self._closing.is_set():
             cut = "the wait was cut short: the toolset closed (its server is shutting down)"
             return self._reply(Status.WAITING, _STOP, cut)

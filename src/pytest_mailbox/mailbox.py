@@ -8,7 +8,6 @@ import math
 import re
 import secrets
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from difflib import SequenceMatcher
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -203,11 +202,17 @@ class _Pause:
         return min(self.remaining(), self.wake - time.monotonic())
 
 
+class _Stop(Protocol):
+    """What ends a ``look_for`` early once set: a ``threading.Event``, or any such flag."""
+
+    def is_set(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class _StoppablePause(_Pause):
     """A pause that ends early once ``stop`` is set (``look_for(stop=)``)."""
 
-    stop: threading.Event
+    stop: _Stop
 
     def remaining(self) -> float:
         return 0.0 if self.stop.is_set() else super().remaining()
@@ -488,7 +493,7 @@ class Mailbox:
         keep: Callable[[Message], bool],
         *,
         timeout: float,
-        stop: threading.Event | None = None,
+        stop: _Stop | None = None,
         selector: Selector | None = None,
     ) -> list[tuple[MessageRow, Message]]:
         """Wait up to ``timeout`` seconds for unclaimed messages after the checkpoint that

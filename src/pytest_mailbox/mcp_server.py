@@ -7,7 +7,8 @@ journal. Every answer is a result with ``structuredContent``; refusals such as
 ``policy_denied`` or ``budget_exceeded`` are ordinary results, never ``isError``, so the
 agent can read their ``next_action``. When the client closes stdin, a ``wait_for_message``
 in progress is cut short, so the server exits at once rather than when the wait would end,
-and only once every request it read has been answered.
+and only once every request it read has been answered. A wait that the client cancels
+stops at once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import secrets
 import sqlite3
 import sys
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import closing, suppress
@@ -44,6 +46,12 @@ _CALL_THREADS = 40
 
 def build_server(tools: AgentTools) -> Server[Any]:
     """A low-level MCP server that lists ``tools`` and answers their calls."""
+    return _build_server(tools, lambda request_id: threading.Event())
+
+
+def _build_server(tools: AgentTools, cancelled: Callable[[object], threading.Event]) -> Server[Any]:
+    """``build_server``, where ``cancelled(request_id)`` is the flag that the client's
+    cancellation of that request sets (``_Unanswered.cancelled``)."""
     import anyio.to_thread  # noqa: PLC0415 - the mcp extra is optional
     from mcp import types  # noqa: PLC0415
     from mcp.server.lowlevel import Server  # noqa: PLC0415
@@ -76,13 +84,20 @@ def build_server(tools: AgentTools) -> Server[Any]:
     async def call_tool(
         ctx: ServerRequestContext[Any], params: CallToolRequestParams
     ) -> CallToolResult:
-        answer = await anyio.to_thread.run_sync(
-            tools.call,
+        # A wait that its client cancelled stops at once: the SDK cancels this task, but
+        # the thread is not told (it runs on until it returns, holding one of the 40).
+        flag = cancelled(ctx.request_id)
+        answer, late = await anyio.to_thread.run_sync(
+            tools._call,
             params.name,
             params.arguments or {},
             f"{prefix}{ctx.request_id}",
+            flag,
             limiter=calls,
         )
+        if flag.is_set():  # the SDK sends no answer: the evidence says so, if the call did not
+            with anyio.CancelScope(shield=True):  # this task is cancelled by now
+                await anyio.to_thread.run_sync(late, limiter=calls)
         return types.CallToolResult(
             content=[types.TextContent(text=json.dumps(answer))], structured_content=answer
         )
@@ -130,6 +145,9 @@ class _Unanswered:
     shuts down, as MCP's stdio transport says, by closing stdin first): its calls ran, a
     claim or an ack was made, and their answers were lost. So the end of stdin is passed
     on only once each request read has been answered.
+
+    It also keeps, per request read and not answered, the flag that the client's
+    cancellation of it sets, which its tool call is given (``cancelled``).
     """
 
     def __init__(self) -> None:
@@ -138,6 +156,8 @@ class _Unanswered:
         # A count per id: "7" and 7 are two requests to answer, though one id to the SDK.
         self._ids: Counter[object] = Counter()
         self._changed = anyio.Event()
+        # One per id, as the SDK keeps one request in progress per id: the latest read.
+        self._cancels: dict[object, threading.Event] = {}
 
     @staticmethod
     def _key(request_id: object) -> object:
@@ -153,19 +173,35 @@ class _Unanswered:
 
         message = getattr(item, "message", None)
         if isinstance(message, types.JSONRPCRequest):
-            self._ids[self._key(message.id)] += 1
+            key = self._key(message.id)
+            self._ids[key] += 1
+            self._cancels[key] = threading.Event()
         elif (
             isinstance(message, types.JSONRPCNotification)
             and message.method == "notifications/cancelled"  # never answered (MCP's rule)
         ):
-            self._done(self._key((message.params or {}).get("requestId")))
+            key = self._key((message.params or {}).get("requestId"))
+            self._done(key)
+            if (flag := self._cancels.pop(key, None)) is not None:
+                flag.set()
+
+    def cancelled(self, request_id: object) -> threading.Event:
+        """The flag that the cancellation of request ``request_id`` sets; set already if
+        the cancellation was read first."""
+        flag = self._cancels.get(self._key(request_id))
+        if flag is None:
+            flag = threading.Event()
+            flag.set()
+        return flag
 
     def written(self, item: object) -> None:
         from mcp import types  # noqa: PLC0415
 
         message = getattr(item, "message", None)
         if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
-            self._done(self._key(message.id))
+            key = self._key(message.id)
+            self._done(key)
+            self._cancels.pop(key, None)
 
     def _done(self, key: object) -> None:
         if self._ids[key] > 0:
@@ -326,10 +362,10 @@ async def serve(tools: AgentTools) -> None:
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
     from mcp.shared.message import SessionMessage  # noqa: PLC0415
 
-    server = build_server(tools)
+    unanswered = _Unanswered()
+    server = _build_server(tools, unanswered.cancelled)
     try:
         async with stdio_server() as (read, write):
-            unanswered = _Unanswered()
             answering = _Answering(write, unanswered)
 
             async def refused(exc: Exception) -> bool:
