@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import smtplib
 import sqlite3
 import string
@@ -2979,12 +2980,14 @@ class _Live:
 
 
 @contextmanager
-def _live(tools: AgentTools, stderr: Path) -> Iterator[_Live]:
-    """A server past its opening (``initialize`` answered), stderr into ``stderr``."""
+def _live(tools: AgentTools, stderr: Path, command: list[str] | None = None) -> Iterator[_Live]:
+    """A server (``command``, else the toolset's) past its opening (``initialize``
+    answered), its stderr into ``stderr``."""
     pipe = subprocess.PIPE
+    command = command or tools.mcp_command()
     with (
         stderr.open("wb") as err,
-        subprocess.Popen(tools.mcp_command(), stdin=pipe, stdout=pipe, stderr=err) as server,
+        subprocess.Popen(command, stdin=pipe, stdout=pipe, stderr=err) as server,
     ):
         live = _Live(server)
         initialize, initialized = _OPENING
@@ -3004,6 +3007,93 @@ def _cancel(request_id: int | str) -> dict[str, Any]:
 
 
 _PING = {"jsonrpc": "2.0", "id": "ping", "method": "ping"}
+_CUT_SHORT = "the wait was cut short: the toolset closed (its server is shutting down)"
+
+
+@SIGNUP
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_mcp_server_stops_at_once_and_quietly_on_sigint_and_sigterm(
+    isolated_mailbox: Mailbox, tmp_path: Path, signum: signal.Signals, status: int
+) -> None:
+    """Ctrl-C printed a KeyboardInterrupt traceback, and the server stayed up until stdin's
+    next line; SIGTERM (a client stopping its child) killed it mid-call, the wait's
+    evidence left ``unfinished``. Either is taken as the client closing stdin: the wait is
+    cut short, every request read is answered, and it exits 128 + the signal's number."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    wait = {"fixture_id": own, "kind": "code", "timeout": 60}
+    reserve = {"name": "reserve_mailbox", "arguments": {"purpose": "signup", "ttl": 60}}
+
+    with _live(tools, tmp_path / "stderr") as live:
+        live.send(_wait_call(1, wait), _PING)
+        live.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": reserve})
+        # the wait blocks; what is read after it is served all the same
+        assert {live.answer()["id"], live.answer()["id"]} == {"ping", 3}
+        live.server.send_signal(signum)  # stdin stays open
+        assert live.server.wait(timeout=60) == status  # a hang's net only
+        (cut,) = live.rest()
+
+    assert cut["id"] == 1
+    assert cut["result"]["structuredContent"]["reason"] == _CUT_SHORT
+    assert (tmp_path / "stderr").read_text() == ""  # no traceback
+    assert sorted((e.tool, e.steps[-1], e.status) for e in tools.evidence()) == [
+        ("reserve_mailbox", "executed", "reserved"),
+        ("wait_for_message", "executed", "waiting"),
+    ]
+
+
+@SIGNUP
+def test_mcp_server_started_with_sigint_ignored_keeps_ignoring_it(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    """A client may start its server with SIGINT ignored, so that a Ctrl-C in its terminal
+    is the client's alone to act on (it then closes stdin): the server leaves it so."""
+    tools = isolated_mailbox.agent_tools()
+    python, *args = tools.mcp_command()
+    ignoring = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    ignoring += "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+
+    with _live(tools, tmp_path / "stderr", [python, "-c", ignoring, *args]) as live:
+        live.server.send_signal(signal.SIGINT)
+        live.send(_PING)
+        assert live.answer()["id"] == "ping"  # still serving
+        assert live.server.stdin is not None
+        live.server.stdin.close()
+        assert live.server.wait(timeout=60) == 0  # stopped by stdin's end, not the signal
+
+    assert (tmp_path / "stderr").read_text() == ""
+
+
+@SIGNUP
+def test_mcp_server_exits_quietly_when_its_client_stops_reading_stdout(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    """A client that closed its end of stdout got a BrokenPipeError traceback on stderr
+    (and the server stayed up until stdin's next line): now one line says why it exits."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    wait = {"fixture_id": own, "kind": "code", "timeout": 60}
+
+    with _live(tools, tmp_path / "stderr") as live:
+        live.send(_wait_call(1, wait))
+        assert live.server.stdout is not None
+        live.server.stdout.close()  # the client stops reading; stdin stays open
+        live.send(_PING)  # its answer meets the closed pipe
+        assert live.server.wait(timeout=60) == 0  # a hang's net only
+
+    assert (tmp_path / "stderr").read_text() == (
+        "pytest_mailbox.mcp_server: the client closed stdout (broken pipe): answers not yet "
+        "written are lost; exiting\n"
+    )
+    ((tool, steps, status, reason),) = [
+        (e.tool, e.steps, e.status, e.reason) for e in tools.evidence()
+    ]  # the wait: cut short, not left unfinished
+    assert (tool, steps, status, reason) == (
+        "wait_for_message",
+        ["proposed", "allowed", "executed"],
+        "waiting",
+        _CUT_SHORT,
+    )
 
 
 @pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, max_reads=50)

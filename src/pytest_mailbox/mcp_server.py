@@ -7,34 +7,41 @@ journal. Every answer is a result with ``structuredContent``; refusals such as
 ``policy_denied`` or ``budget_exceeded`` are ordinary results, never ``isError``, so the
 agent can read their ``next_action``. When the client closes stdin, a ``wait_for_message``
 in progress is cut short, so the server exits at once rather than when the wait would end,
-and only once every request it read has been answered. A wait that the client cancels
-stops at once.
+and only once every request it read has been answered. SIGINT and SIGTERM stop it the same
+way (exit status 128 + the signal's number), and so does a client that stops reading stdout
+(exit status 0, one line on stderr). A wait that the client cancels stops at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import re
 import secrets
+import signal
 import sqlite3
 import sys
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import closing, suppress
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, closing, contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from pytest_mailbox.agent import AgentTools
 from pytest_mailbox.errors import StoreError
 from pytest_mailbox.store import Store
 
 if TYPE_CHECKING:
+    import anyio
+    from anyio.from_thread import BlockingPortal
     from mcp.server.context import ServerRequestContext
     from mcp.server.lowlevel import Server
     from mcp.shared._stream_protocols import ReadStream, WriteStream
+    from mcp.shared.message import SessionMessage
     from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult
 
 __all__ = ["build_server", "main", "serve"]
@@ -355,39 +362,215 @@ class _Watched(_ClosedOnExit, Generic[_T]):
             raise StopAsyncIteration from None
 
 
-async def serve(tools: AgentTools) -> None:
-    """Serve ``tools`` on stdin/stdout until the client closes the stream."""
+class _Lines:
+    """stdin's lines, for ``stdio_server``: read in a daemon thread of their own.
+
+    The SDK reads stdin in one of anyio's worker threads, which a stopping server waits
+    for: after a signal it stayed up until stdin's next line, which might never come.
+    ``stop()`` ends the lines at once; the thread, still in its read, does not keep the
+    process alive. Decoded as the SDK decodes them (UTF-8, errors replaced).
+    """
+
+    def __init__(self, fd: int, portal: BlockingPortal) -> None:
+        import anyio  # noqa: PLC0415
+
+        self._send, self._receive = anyio.create_memory_object_stream[str](0)
+        self._portal = portal
+        self._scope = anyio.CancelScope()
+        self._stopped = False
+        binary = open(fd, "rb", closefd=False)  # noqa: SIM115 - the thread's for good
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
+        threading.Thread(target=self._pump, args=(text,), name="mcp stdin", daemon=True).start()
+
+    def _pump(self, text: io.TextIOWrapper) -> None:
+        with suppress(Exception):  # the server stopped reading, or its event loop ended
+            try:
+                for line in text:
+                    self._portal.call(self._send.send, line)
+            finally:  # the end of stdin (or a read that failed): the client is gone
+                self._portal.call(self._send.aclose)
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        import anyio  # noqa: PLC0415
+
+        with anyio.CancelScope() as self._scope:
+            if not self._stopped:
+                with suppress(anyio.EndOfStream):
+                    return await self._receive.receive()
+        raise StopAsyncIteration
+
+    def stop(self) -> None:
+        """No more lines: as if stdin had ended."""
+        self._stopped = True
+        self._scope.cancel()
+
+    def close(self) -> None:
+        self.stop()
+        self._receive.close()
+
+
+class _Written:
+    """stdout, for ``stdio_server``: each answer written whole to ``fd``. Once a write fails
+    (the client closed its end: a broken pipe), ``failed`` is told, once, and later answers
+    are dropped, where the SDK raised the error out of the server."""
+
+    def __init__(self, fd: int, failed: Callable[[OSError], None]) -> None:
+        self._fd = fd
+        self._failed = failed
+        self._lost = False
+
+    async def write(self, text: str) -> None:
+        import anyio.to_thread  # noqa: PLC0415
+
+        if self._lost:
+            return
+        try:
+            await anyio.to_thread.run_sync(self._write, text.encode())
+        except OSError as exc:
+            self._lost = True
+            self._failed(exc)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    async def flush(self) -> None:
+        """Nothing to flush: each answer went to the file whole."""
+
+
+@contextmanager
+def _claimed(fd: int, diversion: Callable[[], int]) -> Iterator[int]:
+    """A duplicate of ``fd`` for the wire, while ``fd`` itself points to ``diversion()``, as
+    the SDK's ``stdio_server`` claims them: a stray read of stdin gets its end, a stray
+    print goes to stderr, not into the answers. Restored on leaving; the duplicate is left
+    open, since the thread that reads stdin may still be in a read of it."""
+    wire = os.dup(fd)
+    diverted = diversion()
+    os.dup2(diverted, fd)
+    os.close(diverted)
+    try:
+        yield wire
+    finally:
+        os.dup2(wire, fd)
+
+
+async def _on_signals(stop: Callable[[int], None]) -> None:
+    """On SIGINT or SIGTERM, ``stop(signum)``; on a second one, exit at once (calls still in
+    progress are left ``unfinished`` in the evidence, as a kill leaves them). A signal the
+    server was started with ignored stays ignored (a client that keeps Ctrl-C to itself)."""
     import anyio  # noqa: PLC0415
-    from mcp import types  # noqa: PLC0415
+
+    wanted = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
+    with ExitStack() as stack:
+        try:
+            signals = stack.enter_context(anyio.open_signal_receiver(*wanted))
+        except (NotImplementedError, RuntimeError, ValueError):  # Windows; not the main thread
+            return
+        stopped = False
+        async for signum in signals:
+            if stopped:
+                os._exit(128 + signum)
+            stopped = True
+            stop(signum)
+
+
+async def serve(tools: AgentTools) -> int:
+    """Serve ``tools`` on stdin/stdout; return the exit status. The server stops when the
+    client closes stdin (0), stops reading stdout (0, and one line on stderr), or on SIGINT
+    or SIGTERM (128 + its number): each way, a wait in progress is cut short, and every
+    request read is answered before it returns (if the client still reads)."""
+    import anyio  # noqa: PLC0415
+    from anyio.from_thread import BlockingPortal  # noqa: PLC0415
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
-    from mcp.shared.message import SessionMessage  # noqa: PLC0415
 
     unanswered = _Unanswered()
     server = _build_server(tools, unanswered.cancelled)
+    status = 0
     try:
-        async with stdio_server() as (read, write):
-            answering = _Answering(write, unanswered)
+        with (
+            _claimed(0, lambda: os.open(os.devnull, os.O_RDONLY)) as stdin,
+            _claimed(1, lambda: os.dup(2)) as stdout,
+        ):
+            async with BlockingPortal() as portal, anyio.create_task_group() as signals:
+                lines = _Lines(stdin, portal)
 
-            async def refused(exc: Exception) -> bool:
-                unread = _unread(exc)
-                if unread is None:
-                    return False
-                request_id, code, message = unread
-                error = types.ErrorData(code=code, message=message)
-                answer = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
-                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await answering.send(SessionMessage(answer))
-                return True
+                def stop() -> None:  # as if stdin had ended: the calls are cut short
+                    tools.close()
+                    lines.stop()
 
-            # stdin closed: cut short a wait
-            watched = _Watched(read, tools.close, unanswered, refused)
-            await server.run(watched, answering, server.create_initialization_options())
+                def signalled(signum: int) -> None:
+                    nonlocal status
+                    status = 128 + signum
+                    stop()
+
+                def failed(exc: OSError) -> None:
+                    why = (
+                        "the client closed stdout (broken pipe)"
+                        if isinstance(exc, BrokenPipeError)
+                        else f"writing to stdout failed ({exc.strerror or exc})"
+                    )
+                    with suppress(OSError, ValueError):  # stderr gone too: nothing to say
+                        sys.stderr.write(
+                            f"pytest_mailbox.mcp_server: {why}: answers not yet written are "
+                            "lost; exiting\n"
+                        )
+                        sys.stderr.flush()
+                    stop()
+
+                signals.start_soon(_on_signals, signalled)
+                written = _Written(stdout, failed)
+                try:
+                    async with stdio_server(
+                        cast("anyio.AsyncFile[str]", lines), cast("anyio.AsyncFile[str]", written)
+                    ) as (read, write):
+                        await _run(server, tools, read, write, unanswered)
+                finally:
+                    signals.cancel_scope.cancel()
+                    lines.close()
+                    await portal.stop(cancel_remaining=True)
+        os.close(stdout)
     finally:
         tools.close()
+    return status
+
+
+async def _run(
+    server: Server[Any],
+    tools: AgentTools,
+    read: ReadStream[SessionMessage | Exception],
+    write: WriteStream[SessionMessage],
+    unanswered: _Unanswered,
+) -> None:
+    """Run ``server`` on the streams, every request read answered before it returns."""
+    import anyio  # noqa: PLC0415
+    from mcp import types  # noqa: PLC0415
+    from mcp.shared.message import SessionMessage as Message  # noqa: PLC0415
+
+    answering = _Answering(write, unanswered)
+
+    async def refused(exc: Exception) -> bool:
+        unread = _unread(exc)
+        if unread is None:
+            return False
+        request_id, code, message = unread
+        error = types.ErrorData(code=code, message=message)
+        answer = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+        with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await answering.send(Message(answer))
+        return True
+
+    # stdin closed: cut short a wait
+    watched = _Watched(read, tools.close, unanswered, refused)
+    await server.run(watched, answering, server.create_initialization_options())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, bind to the run's mailbox, serve until stdin closes."""
+    """Parse the command line, bind to the run's mailbox, serve until stdin closes (or a
+    signal, or a client that stops reading): the exit status (``serve``)."""
     parser = argparse.ArgumentParser(
         prog="python -m pytest_mailbox.mcp_server",
         description="Serve one run's pytest-mailbox agent tools over MCP stdio.",
@@ -425,10 +608,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         store.close()
         parser.error(str(exc))
     try:
-        anyio.run(serve, tools)
+        return anyio.run(serve, tools)
+    except KeyboardInterrupt:  # Ctrl-C before it served, or once it was done
+        return 128 + signal.SIGINT
     finally:
         store.close()
-    return 0
 
 
 def _is_store(path: Path) -> bool:
