@@ -3064,6 +3064,35 @@ def test_mcp_server_started_with_sigint_ignored_keeps_ignoring_it(
     assert (tmp_path / "stderr").read_text() == ""
 
 
+@pytest.mark.parametrize(("fd", "name"), [(0, "stdin"), (1, "stdout")])
+def test_mcp_server_started_with_stdin_or_stdout_closed_says_so(
+    isolated_mailbox: Mailbox, fd: int, name: str
+) -> None:
+    """Started with stdin or stdout closed (``<&-``), the server ended in an AttributeError
+    traceback from the SDK; serving stdio of its own, it would have taken the descriptor
+    that the store's file got by then for the client's. It says what is wrong instead."""
+    python, *args = isolated_mailbox.agent_tools().mcp_command()
+    closing = (
+        f"import os, sys; os.close({fd}); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+
+    done = subprocess.run(
+        [python, "-c", closing, *args],
+        stdin=subprocess.DEVNULL,  # one of the two closed by the time the server starts
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=False,
+        timeout=60,
+    )
+
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines()[-1] == (
+        f"python -m pytest_mailbox.mcp_server: error: {name} is closed: the MCP server reads "
+        "requests from stdin and writes answers to stdout; start it with both open (an MCP "
+        "client's pipes)"
+    )
+
+
 @SIGNUP
 def test_mcp_server_exits_quietly_when_its_client_stops_reading_stdout(
     isolated_mailbox: Mailbox, tmp_path: Path

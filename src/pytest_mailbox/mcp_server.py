@@ -442,6 +442,11 @@ class _Written:
         """Nothing to flush: each answer went to the file whole."""
 
 
+def _stray_output() -> int:
+    """Where stray prints go while the server answers on stdout: stderr (none if closed)."""
+    return os.open(os.devnull, os.O_WRONLY) if sys.__stderr__ is None else os.dup(2)
+
+
 @contextmanager
 def _claimed(fd: int, diversion: Callable[[], int]) -> Iterator[int]:
     """A duplicate of ``fd`` for the wire, while ``fd`` itself points to ``diversion()``, as
@@ -487,13 +492,15 @@ async def serve(tools: AgentTools) -> int:
     from anyio.from_thread import BlockingPortal  # noqa: PLC0415
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
 
+    if (closed := _closed_stdio()) is not None:
+        raise RuntimeError(closed)
     unanswered = _Unanswered()
     server = _build_server(tools, unanswered.cancelled)
     status = 0
     try:
         with (
             _claimed(0, lambda: os.open(os.devnull, os.O_RDONLY)) as stdin,
-            _claimed(1, lambda: os.dup(2)) as stdout,
+            _claimed(1, _stray_output) as stdout,
         ):
             async with BlockingPortal() as portal, anyio.create_task_group() as signals:
                 lines = _Lines(stdin, portal)
@@ -513,7 +520,7 @@ async def serve(tools: AgentTools) -> int:
                         if isinstance(exc, BrokenPipeError)
                         else f"writing to stdout failed ({exc.strerror or exc})"
                     )
-                    with suppress(OSError, ValueError):  # stderr gone too: nothing to say
+                    with suppress(AttributeError, OSError, ValueError):  # no stderr either
                         sys.stderr.write(
                             f"pytest_mailbox.mcp_server: {why}: answers not yet written are "
                             "lost; exiting\n"
@@ -584,6 +591,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="The toolset's agent_tools(ttl_max=) (default: the contract's ttl)",
     )
     args = parser.parse_args(argv)
+    if (closed := _closed_stdio()) is not None:
+        parser.error(closed)
+    if sys.__stderr__ is None:
+        try:
+            os.fstat(2)
+        except OSError:  # closed: the next file opened (the store) would take fd 2, and a
+            os.open(os.devnull, os.O_WRONLY)  # write to stderr would land in it
     try:
         # Both: anyio also comes with httpx, starlette or fastapi, where mcp is missing.
         import anyio  # noqa: PLC0415
@@ -613,6 +627,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGINT
     finally:
         store.close()
+
+
+def _closed_stdio() -> str | None:
+    """Why the server cannot talk over stdio: stdin or stdout was closed when the process
+    started (``<&-``); else None. Their descriptors may be another file's by now (the
+    store's), which the server must not read, write or divert."""
+    for name, stream in (("stdin", sys.__stdin__), ("stdout", sys.__stdout__)):
+        if stream is None:
+            return (
+                f"{name} is closed: the MCP server reads requests from stdin and writes "
+                "answers to stdout; start it with both open (an MCP client's pipes)"
+            )
+    return None
 
 
 def _is_store(path: Path) -> bool:
