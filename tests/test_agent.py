@@ -3043,6 +3043,37 @@ def test_mcp_server_stops_at_once_and_quietly_on_sigint_and_sigterm(
 
 
 @SIGNUP
+def test_a_second_signal_ends_an_mcp_server_whose_call_is_stuck_at_once(
+    isolated_mailbox: Mailbox, app: SignupApp, tmp_path: Path
+) -> None:
+    """The first signal waits for the calls in progress to answer; one stuck (here on the
+    store's write lock, held by another process for up to its busy_timeout) would hold the
+    server up: a second signal ends it at once, that call left ``unfinished`` (or, stuck
+    before it was counted, with no entry). Two signals of one kind sent at once may reach
+    the process as one (POSIX keeps one pending), so the test sends two kinds."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    claim = {"name": "claim_message", "arguments": {"fixture_id": own, "selector": {}}}
+    holder = sqlite3.connect(isolated_mailbox.store.path, isolation_level=None)
+
+    with _live(tools, tmp_path / "stderr") as live:
+        holder.execute("BEGIN IMMEDIATE")  # the claim waits for the store's write lock
+        live.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": claim}, _PING)
+        assert live.answer()["id"] == "ping"  # the claim is in its thread by now
+        live.server.send_signal(signal.SIGTERM)
+        live.server.send_signal(signal.SIGINT)
+        try:  # whichever the server took first: 128 + the second's number
+            assert live.server.wait(timeout=30) in (130, 143)  # a hang's net only
+        finally:
+            holder.execute("ROLLBACK")
+    holder.close()
+
+    assert {(e.tool, e.status) for e in tools.evidence()} <= {("claim_message", "unfinished")}
+    assert (tmp_path / "stderr").read_text() == ""
+
+
+@SIGNUP
 def test_mcp_server_started_with_sigint_ignored_keeps_ignoring_it(
     isolated_mailbox: Mailbox, tmp_path: Path
 ) -> None:
