@@ -477,7 +477,7 @@ async def _on_signals(stop: Callable[[int], None]) -> None:
             return
         stopped = False
         async for signum in signals:
-            if stopped:
+            if stopped:  # pragma: no cover - the process ends here, its coverage unsaved
                 os._exit(128 + signum)
             stopped = True
             stop(signum)
@@ -591,8 +591,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="The toolset's agent_tools(ttl_max=) (default: the contract's ttl)",
     )
     args = parser.parse_args(argv)
-    if (closed := _closed_stdio()) is not None:
-        parser.error(closed)
     if sys.__stderr__ is None:
         try:
             os.fstat(2)
@@ -621,6 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # ContractError too: a --ttl-max out of range
         store.close()
         parser.error(str(exc))
+    if (closed := _closed_stdio()) is not None:
+        store.close()
+        parser.error(closed)
     try:
         return anyio.run(serve, tools)
     except KeyboardInterrupt:  # Ctrl-C before it served, or once it was done
