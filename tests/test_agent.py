@@ -19,6 +19,7 @@ import sqlite3
 import string
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -3239,6 +3240,41 @@ def test_a_claim_made_before_its_cancel_stands_and_its_evidence_says_so(
         f"claim (fence {message.fence}) stands until its lease ends; a claim_message again "
         "gets it back (already_claimed, with its fence)"
     )
+
+
+@SIGNUP
+def test_a_cancel_read_after_the_call_returned_is_journaled_once_its_answer_is_held_back(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """The MCP server asks its call thread about a cancel, and the SDK decides whether to
+    answer only once the thread is back: a cancel read in between held the answer back
+    while the evidence said nothing of it. The server then journals it after the fact."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    app.signup(isolated_mailbox.address)
+    cancelled = threading.Event()
+
+    answer, late = tools._call(
+        "claim_message", {"fixture_id": own, "selector": {}}, "call_5", cancelled
+    )
+    cancelled.set()  # read once the thread was back, before the answer was sent
+    late()
+    late()  # journaled once
+
+    (message,) = isolated_mailbox.store.messages(own)
+    assert (answer["status"], answer["fence"]) == ("claimed", message.fence)
+    (entry,) = tools.evidence()
+    assert (entry.tool_call_id, entry.steps, entry.status) == (
+        "call_5",
+        ["proposed", "allowed", "executed", "cancelled"],
+        "claimed",
+    )
+    assert entry.reason == (
+        f"the client cancelled the call once it had run: the answer was not sent, and the "
+        f"claim (fence {message.fence}) stands until its lease ends; a claim_message again "
+        "gets it back (already_claimed, with its fence)"
+    )
+    assert entry.latency_ms > 0  # as first journaled
 
 
 @SIGNUP
