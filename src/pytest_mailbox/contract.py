@@ -1001,7 +1001,8 @@ class ReceiptEvent(BaseModel):
 class AgentEvidence(BaseModel):
     """One agent tool call: ``proposed → allowed → executed`` (``refused``, ``simulated`` in
     dry-run, ``failed`` if the harness failed), or ``proposed → rejected``; a call that has
-    not returned stops at ``allowed``, with status ``unfinished``."""
+    not returned stops at ``allowed``, with status ``unfinished``; one its MCP client
+    cancelled ends in ``cancelled`` (a wait it stopped has that status too)."""
 
     at: datetime
     run_id: str
