@@ -142,6 +142,42 @@ def test_a_test_cut_short_leaves_its_receipt_in_the_receipts_file(
     assert "orphaned" not in events  # its own teardown closed it, not the run's end
 
 
+INTERRUPTED_IN_TEARDOWN_SUITE = """
+import pytest
+
+
+@pytest.fixture
+def stopped_in_teardown(isolated_mailbox):
+    # Set up after the mailbox, so torn down before it: Ctrl-C in a slow teardown.
+    yield
+    raise KeyboardInterrupt
+
+
+def test_interrupted_in_teardown(isolated_mailbox, stopped_in_teardown):
+    pass
+"""
+
+
+def test_a_test_interrupted_in_its_teardown_is_not_torn_down_twice(
+    pytester: pytest.Pytester,
+) -> None:
+    # The interrupt came once its teardown had begun: the test was torn down a second
+    # time, and pytest's logging plugin, whose teardown had run, failed it with an error
+    # (KeyError) that the test never had; its mailbox, whose finalizer pytest had already
+    # taken off its stack, stayed open all the same.
+    pytester.makepyfile(INTERRUPTED_IN_TEARDOWN_SUITE)
+
+    result, store = _run_apart(pytester, "--mailbox-receipts=receipts.jsonl")
+
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert "KeyError" not in result.stdout.str() + result.stderr.str()
+    assert "errors" not in result.parseoutcomes()
+    with closing(sqlite3.connect(store)) as db:  # the run's end closed it, as before
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")
+        ]
+
+
 CONTROLLER_EXITS_CONFTEST = """
 import pytest
 

@@ -50,6 +50,8 @@ _closed_key = pytest.StashKey["list[tuple[Mailbox, tuple[str, str]]]"]()
 _failed_key = pytest.StashKey[bool]()
 _passed_key = pytest.StashKey[bool]()
 _in_call_key = pytest.StashKey[bool]()
+#: The test's teardown began: an interrupt in it left its fixtures' finalizers half run.
+_teardown_began_key = pytest.StashKey[bool]()
 #: The receipts the test attached that no teardown report has carried yet, and those one has.
 _attached_key = pytest.StashKey["list[tuple[str, object]]"]()
 _carried_key = pytest.StashKey["list[tuple[str, object]]"]()
@@ -551,6 +553,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash.setdefault(_attached_key, [])
     item.stash[_failed_key] = False
     item.stash[_passed_key] = False
+    item.stash[_teardown_began_key] = False
     item.stash[_mailboxes_key] = []
     item.config.stash[_fixtures_key].item = item
     message = sys.modules.get("pytest_mailbox.message")
@@ -700,13 +703,29 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
     receipts file, and a teardown that fails is reported as any is. JUnit XML gets no test
     case for it, as pytest writes none for a test stopped so. Not in an xdist worker,
     where the controller writes the receipts file and xdist itself stops with an
-    internal error."""
+    internal error.
+
+    Not either once the test's teardown began (Ctrl-C in a fixture's teardown): pytest
+    has taken the test's finalizers off its stack, so a second teardown would not close
+    the mailbox, and pytest's own teardown hooks, run twice, fail (its logging plugin's
+    with a ``KeyError``): the run's end closes it, as before."""
     try:
         return (yield)
     except (pytest.exit.Exception, KeyboardInterrupt):
-        if item.stash.get(_mailboxes_key, None) and not _is_worker(item.config):
+        if (
+            item.stash.get(_mailboxes_key, None)
+            and not item.stash.get(_teardown_began_key, False)
+            and not _is_worker(item.config)
+        ):
             _teardown_stopped(item)
         raise
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """The test's teardown begins: an interrupt from here on is no call cut short (see
+    ``pytest_runtest_protocol``)."""
+    item.stash[_teardown_began_key] = True
 
 
 def _teardown_stopped(item: pytest.Item) -> None:
