@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import os
 import socket
 import sqlite3
 import subprocess
@@ -355,13 +356,16 @@ def test_a_run_whose_store_another_run_replaced_does_not_count_the_other_s(
 
     result, store = _run_apart(pytester, "-n", workers)
 
+    # Then with exit status 0, as no store gone at the end has: its counts are missing.
     result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines(
         [
             f"mailbox: {store} holds 0 of the 1 mailboxes this run's reports "
-            "name: another pytest run given the same --basetemp replaced it, so this run's "
-            "mailboxes are not counted (their receipts, in the reports, are whole): give "
-            "each run its own --basetemp"
+            "name: it was removed or replaced while the run used it (another pytest run "
+            "given the same --basetemp, a cleanup), so this run's mailboxes are not "
+            "counted, and those its tests left open were not closed (their receipts, in "
+            "the reports, are whole): give each run its own --basetemp"
         ]
     )
     result.stdout.no_fnmatch_line("mailbox: 0 reserved*")
@@ -436,6 +440,54 @@ def test_a_store_removed_during_the_run_fails_the_run_at_its_end(
     )
     result.stdout.no_fnmatch_line("mailbox: * reserved*")
     assert not store.exists()
+
+
+REMOVED_BEFORE_A_WORKER_OPENS_IT = {
+    "test_removes": """
+import os
+from pathlib import Path
+
+
+def test_removes_the_store(isolated_mailbox, mailbox_store):
+    for suffix in ("", "-wal", "-shm"):
+        os.unlink(f"{mailbox_store.path}{suffix}")
+    with open(Path(__file__).with_name("gate"), "w") as gate:  # the other worker goes on
+        gate.write("removed\\n")
+""",
+    "test_opens_later": """
+from pathlib import Path
+
+
+def test_opens_the_store_later(request):
+    with open(Path(__file__).with_name("gate")) as gate:  # once the store is gone
+        assert gate.read() == "removed\\n"
+    request.getfixturevalue("isolated_mailbox")
+""",
+}
+
+
+def test_a_store_removed_before_another_worker_opens_it_fails_the_run(
+    pytester: pytest.Pytester,
+) -> None:
+    # The worker that opened the store after the removal made it again, empty: the run's
+    # end found a file, said another run had replaced it, and exited 0. (--dist loadfile
+    # gives each of the two files to a worker of its own; the FIFO orders them.)
+    pytester.makepyfile(**REMOVED_BEFORE_A_WORKER_OPENS_IT)
+    os.mkfifo(pytester.path / "gate")
+    basetemp = pytester.path / "basetemp"
+
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "--dist", "loadfile", f"--basetemp={basetemp}", timeout=120
+    )
+
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(
+        [
+            f"mailbox: {basetemp / STORE_NAME} holds 1 of the 2 mailboxes this run's "
+            "reports name: it was removed or replaced while the run used it *"
+        ]
+    )
 
 
 FAILS_WITH_ITS_STORE_GONE_SUITE = """

@@ -358,17 +358,22 @@ def _finish(config: pytest.Config) -> None:
         stats = store.stats(testrun=run)
         reported = config.stash.get(_reported_key, None)
         named = len(reported.mailboxes) if reported is not None else 0
-        if stats["reserved"] < named:  # another run emptied the basetemp: its rows are gone
-            config.stash[_foreign_key] = (
+        if stats["reserved"] < named:
+            # Its rows are gone: another run emptied the basetemp, or a cleanup removed the
+            # file and a worker that opened the store later made it again, empty. As a
+            # store gone at the end: what was left open there was not closed.
+            config.stash[_store_failed_key] = (
                 f"mailbox: {store.path} holds {stats['reserved']} of the {named} mailboxes "
-                "this run's reports name: another pytest run given the same --basetemp "
-                "replaced it, so this run's mailboxes are not counted (their receipts, in "
-                "the reports, are whole): give each run its own --basetemp"
+                "this run's reports name: it was removed or replaced while the run used it "
+                "(another pytest run given the same --basetemp, a cleanup), so this run's "
+                "mailboxes are not counted, and those its tests left open were not closed "
+                "(their receipts, in the reports, are whole): give each run its own "
+                "--basetemp"
             )
         else:
             config.stash[_stats_key] = stats
         step = "check whether another run shares its store"
-        if store.other_runs(run) and _foreign_key not in config.stash:
+        if store.other_runs(run) and _store_failed_key not in config.stash:
             config.stash[_foreign_key] = (
                 f"mailbox: another pytest run shares {store.path} (two runs were given one "
                 "--basetemp); this run closed and counted only its own mailboxes: give each "
