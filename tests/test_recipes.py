@@ -57,6 +57,10 @@ def test_the_signup_example_passes_in_either_import_mode(
     # Under importlib its conftest failed: "ModuleNotFoundError: No module named 'app'"
     # (that mode puts no test's directory on sys.path, and app.py was imported as a
     # top-level module). Run as `make demo` runs it, from the project's root.
+    if mode == "importlib" and pytest.version_tuple < (8, 2):
+        # Measured on pytest 8.1.1 (make mindeps): "No module named 'signup'", as that
+        # mode imported no package's parent before 8.2 (pytest-dev/pytest#12208).
+        pytest.skip("pytest 8.1's importlib mode cannot import a package's relative imports")
     result = pytester.run(
         sys.executable,
         "-m",
