@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import smtplib
+import threading
+from collections.abc import Callable
 from email.message import EmailMessage
+from typing import Any
 
 import aiosmtplib
 import anyio
 import pytest
 
 from pytest_mailbox import ContractError, Mailbox, MailSink, UnexpectedMessage, WaitTimeout
+from pytest_mailbox.agent import AgentTools
 
 
 def _mail(to: str, subject: str) -> EmailMessage:
@@ -180,3 +184,68 @@ def test_the_async_api_outside_asyncio_and_trio_says_what_to_call(
             "asyncio or trio (pytest-asyncio, anyio with either backend), and neither runs "
             "here; call wait_for, expect_none or call instead"
         )
+
+
+def _last_entry(tools: AgentTools) -> tuple[list[str], str]:
+    entry = tools.evidence()[-1]
+    return entry.steps, entry.status
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_cancelled_acall_stops_its_wait_and_its_evidence_says_cancelled(
+    isolated_mailbox: Mailbox, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled ``acall`` went on waiting in its thread until its timeout (on trio, the
+    cancel itself waited for it): it stops at once now, claims nothing, and its cancel is
+    raised once the call's thread is back, with the evidence written."""
+    tools = isolated_mailbox.agent_tools()
+    entered = threading.Event()
+    call = tools._call
+
+    def enters(*args: Any) -> tuple[dict[str, Any], Callable[[], None]]:
+        entered.set()
+        return call(*args)
+
+    monkeypatch.setattr(tools, "_call", enters)
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 60}
+
+    async with anyio.create_task_group() as calls:
+        calls.start_soon(tools.acall, "wait_for_message", wait)
+        await anyio.to_thread.run_sync(entered.wait)  # the call is in its thread
+        calls.cancel_scope.cancel()
+
+    # The cancel was raised only once the call was back: its evidence is all written.
+    assert _last_entry(tools) == (["proposed", "allowed", "cancelled"], "cancelled")
+    assert isolated_mailbox.state != "claimed"
+
+
+@pytest.mark.asyncio
+async def test_an_acall_cancelled_once_its_call_was_back_says_its_answer_was_not_read(
+    isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call's thread was back, but its task was cancelled before it read the answer:
+    what the call did stands, and its evidence says the answer was not sent."""
+    tools = isolated_mailbox.agent_tools()
+    back = threading.Event()
+    call = tools._call
+
+    def returns(*args: Any) -> tuple[dict[str, Any], Callable[[], None]]:
+        try:
+            return call(*args)
+        finally:
+            back.set()
+
+    monkeypatch.setattr(tools, "_call", returns)
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, "kind": "code", "timeout": 0}
+    task = asyncio.ensure_future(tools.acall("wait_for_message", wait))
+    await asyncio.sleep(0)  # one turn of the loop: the task hands the call to its thread
+    back.wait()  # the loop is held: the task has not read the answer yet
+    task.cancel()
+
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert _last_entry(tools) == (["proposed", "allowed", "executed", "cancelled"], "waiting")
+    assert tools.evidence()[-1].reason is not None
+    assert "the answer was not sent" in tools.evidence()[-1].reason

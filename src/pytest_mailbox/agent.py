@@ -1040,14 +1040,41 @@ class AgentTools:
         """``call`` for async code (an async test, an async agent framework): the call runs
         in a worker thread, so a ``wait_for_message`` leaves the event loop free to send
         the mail it waits for. On asyncio or trio it never raises (elsewhere it raises
-        ``ContractError``)."""
+        ``ContractError``).
+
+        Cancelled (a task's cancel, ``asyncio.timeout``, a trio cancel scope), a wait stops
+        at once and claims nothing, as the MCP server's do: the cancel is raised once the
+        call's thread is back, and its evidence says ``cancelled``."""
         trio = running_trio()
-        if trio is None:
-            return await asyncio.to_thread(self.call, name, arguments, tool_call_id)
-        answer: dict[str, Any] = await trio.to_thread.run_sync(
-            self.call, name, arguments, tool_call_id
-        )
-        return answer
+        cancelled, back = threading.Event(), threading.Event()
+        late: list[Callable[[], None]] = []
+
+        def run() -> dict[str, Any]:
+            try:
+                answer, cancel = self._call(name, arguments, tool_call_id, cancelled)
+                late.append(cancel)
+                return answer
+            finally:
+                back.set()
+
+        try:
+            if trio is None:
+                return await asyncio.to_thread(run)
+            answer: dict[str, Any] = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+            return answer
+        except BaseException:  # cancelled: the answer will not be read
+            cancelled.set()
+            if trio is None:  # anyio's scopes cancel again at each await: each is waited out
+                stopped = asyncio.ensure_future(asyncio.to_thread(back.wait))
+                while not stopped.done():
+                    with suppress(asyncio.CancelledError):
+                        await asyncio.shield(stopped)
+            else:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(back.wait)
+            for cancel in late:  # the call was back before the cancel: say it was not read
+                cancel()
+            raise
 
     def close(self) -> None:
         """Cut short a ``wait_for_message`` in progress, and let no later one block: for a
