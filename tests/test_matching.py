@@ -379,6 +379,16 @@ def test_tagged_refuses_a_tag_that_would_make_no_address(
         isolated_mailbox.tagged(tag)
 
 
+def test_tagged_masks_a_refused_tag_that_looks_like_a_token(isolated_mailbox: Mailbox) -> None:
+    """A tag is masked wherever it is shown, as in an address: a refusal quoted it in clear."""
+    token = "Zq8xYtK2mP4vL9wR3nB7"
+    with pytest.raises(ContractError) as caught:
+        isolated_mailbox.tagged(f"{token}.")
+
+    assert token not in str(caught.value)
+    assert str(caught.value).startswith("tagged: tag='•••")
+
+
 @pytest.mark.parametrize(
     "tag", ["a b", "friend@x", "", "x" * 65, 7, "\u00e9" * 33, "a\u3000b", "a\u200eb"]
 )

@@ -383,7 +383,8 @@ class Mailbox:
                     f"alias {self.alias}"
                 )
         if problem is not None:
-            msg = f"tagged: tag={shown(tag)} is invalid; allowed: {problem}"
+            said = shown(mask_tag(tag) if isinstance(tag, str) else tag)
+            msg = f"tagged: tag={said} is invalid; allowed: {problem}"  # a token's masked
             raise ContractError(msg)
         return f"{self.alias}+{tag.lower()}@{self.domain}"
 
