@@ -1725,3 +1725,29 @@ def test_a_link_pasted_as_domain_with_a_bad_port_is_refused_with_its_token_maske
         plain(VERIFY).link(domain=pasted)
     assert "its port is not a port (a number 0..65535)" in str(refused.value)
     assert "Zk3Pq9Wm2LxR7vN4" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "=?" + "." * 20_000,  # a line of dots (a progress bar) with ``=?`` somewhere
+        "=?" + "...a" * 5_000,
+        "=?" + "....ab" * 3_000 + "?=",
+        "b'=?utf-8?q?x...'" + "...=5F" * 3_000,
+    ],
+)
+def test_the_rest_of_a_cut_encoded_word_is_scanned_once_whatever_the_dots(hostile: str) -> None:
+    """The mask reads the rest of an encoded word pytest cut (``...5xS=5FEWg?=``) from
+    each ``...``: it scanned a line of dots from each dot to the line's end, quadratic
+    (100 kB of dots with ``=?`` in them took 40 s to mask). Every start together scans no
+    more characters than the text has."""
+    rest = re.compile(message_module._CUT_REST)
+    scanned = 0
+    for at in range(3, len(hostile)):
+        if hostile.startswith("...", at - 3):
+            found = rest.match(hostile, at)
+            scanned += found.end() - at if found else 0
+    assert scanned <= len(hostile)
+    mask = Masker(remember_extracted("link", "https://app.example.test/v?token=5xS_EWg-BeLwh6r"))
+    assert mask(hostile) == hostile
+    assert mask(hostile + " ...5xS=5FEWg-BeLwh6r?=") == hostile + " ..." + "•" * 17 + "?="
