@@ -1751,3 +1751,51 @@ def test_the_rest_of_a_cut_encoded_word_is_scanned_once_whatever_the_dots(hostil
     mask = Masker(remember_extracted("link", "https://app.example.test/v?token=5xS_EWg-BeLwh6r"))
     assert mask(hostile) == hostile
     assert mask(hostile + " ...5xS=5FEWg-BeLwh6r?=") == hostile + " ..." + "•" * 17 + "?="
+
+
+@pytest.mark.parametrize(
+    ("text", "html"),
+    [
+        (
+            "Your order has shipped. Track it in the app.",
+            "<p>Your order has shipped.</p><p>Questions? Call us on 555 0100.</p>",
+        ),
+        (
+            "We sent your sign-in code by SMS to the phone ending in 42.",
+            "<p>We sent your sign-in code by SMS to the phone ending in 42.</p>"
+            "<footer>Acme Inc, 1600 Amphitheatre Pkwy, Mountain View CA 94043</footer>",
+        ),
+        (
+            "Hi Ana, your password was changed. If this was not you, reply to this mail.",
+            "<p>Hi Ana, your password was changed.</p><p>Ref 20261207</p>",
+        ),
+    ],
+)
+def test_a_text_part_of_its_own_words_is_not_read_past_to_the_htmls_numbers(
+    text: str, html: str
+) -> None:
+    """A text part with no code, beside an HTML part that adds a phone number, an address
+    or a reference: code() read the HTML part whenever the text had no code, and returned
+    ``0100``, ``94043`` or ``20261207`` as the mail's code where it said "no code"."""
+    msg = Message(build(text=text, html=html, subject="Your order"), message_id="m-1")
+
+    with pytest.raises(ExtractionError, match="no code matching"):
+        msg.code()
+    with pytest.raises(ExtractionError, match="no code matching"):
+        msg.code(pattern=r"(\d{4,5})")
+
+
+@pytest.mark.parametrize(
+    "stub",
+    [
+        "View this email in your browser: https://app.example.test/view/8f3a9c77d1e2",
+        "This message needs a mail client that shows HTML.",
+    ],
+)
+def test_a_stub_text_part_is_read_past_to_the_htmls_code(stub: str) -> None:
+    html = "<p>Your sign-in code is <b>482913</b>.</p><p>Call us on 555 0100.</p>"
+    msg = Message(build(text=stub, html=html, subject="Your code"), message_id="m-1")
+
+    with pytest.raises(ExtractionError, match="2 distinct codes"):
+        msg.code()  # the HTML's phone number is a candidate: the error says so
+    assert msg.code(pattern=r"code is (\d{6})") == "482913"

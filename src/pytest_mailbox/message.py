@@ -1005,6 +1005,22 @@ def _text_codec(charset: str) -> codecs.CodecInfo:
     return info if getattr(info, "_is_text_encoding", True) else codecs.lookup("utf-8")
 
 
+#: A text part of more words than this (its links aside) is no stub (``_is_stub``).
+_STUB_WORDS = 20
+
+
+def _is_stub(text: str) -> bool:
+    """``text``, a text part beside an HTML one, only says where to read the mail: a few
+    words, with a link to it (``View this email in your browser: https://…``) or naming
+    HTML (``This message needs an HTML mail client``)."""
+    if not text.strip():
+        return False
+    words = _URL_TO_REDACT.sub(" ", text).split()
+    return len(words) <= _STUB_WORDS and (
+        _HTTP_SCHEME.search(text) is not None or "html" in text.lower()
+    )
+
+
 #: Codecs that read an ASCII byte as that character whatever came before it (not
 #: ISO-2022-JP's escapes, nor UTF-7's or UTF-16's units).
 _ASCII_SAFE = re.compile(
@@ -1883,9 +1899,11 @@ class Message:
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
         values = self._code_values(source, pattern, (self.body_text, self.subject), self.text)
-        if not values and self.text.strip() and self.html.strip():
+        if not values and self.html.strip() and _is_stub(self.text):
             # A text part with no code at all may be a stub ("view this mail in your
-            # browser") beside the HTML that holds it: the HTML part is read then.
+            # browser") beside the HTML that holds it: the HTML part is read then. Not
+            # beside a text part of its own words, whose HTML adds a footer's phone
+            # number, an order's number or a price: that mail has no code.
             values = self._code_values(source, pattern, (self._html_text,), "")
         result: dict[str, Any] = {
             "message_id": self.message_id,
