@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_mailbox.endpoint import host_name
+from pytest_mailbox.endpoint import fold_tag, host_name
 from pytest_mailbox.vocabulary import (
     CONTRACT_FIELDS,
     DEFAULT_LEASE,
@@ -277,12 +277,12 @@ class Selector(BaseModel):
     @field_validator("tag")
     @classmethod
     def _a_tag(cls, value: str | None) -> str | None:
-        """Lower case, as the sink keeps a tag; a tag no address could carry is refused,
+        """Lower case and NFC, as the sink keeps a tag; a tag no address could carry is refused,
         since a wait with it could only ever time out."""
         problem = None if value is None else tag_problem(value, empty=True)
         if problem is not None:
             raise ValueError(problem)
-        return None if value is None else value.lower()
+        return None if value is None else fold_tag(value)
 
     @field_validator("header")
     @classmethod

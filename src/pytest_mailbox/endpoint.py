@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 import threading
+import unicodedata
 from typing import Any
 
 __all__ = [
@@ -153,7 +154,14 @@ def split_address(address: str) -> tuple[str, str | None, str] | None:
     if not at or not local or not domain:
         return None
     alias, _, tag = local.lower().partition("+")
-    return alias, tag or None, normalize_domain(domain)
+    return alias, fold_tag(tag) or None, normalize_domain(domain)
+
+
+def fold_tag(tag: str) -> str:
+    """A plus-tag as it is kept and compared: lower case, and NFC (RFC 6532 3.1), so that
+    ``café`` sent with its accent composed or as ``e`` and U+0301 is one tag, as a reader
+    of the address sees one."""
+    return unicodedata.normalize("NFC", tag.lower())
 
 
 class SmtpEndpoint:

@@ -36,7 +36,7 @@ from pytest_mailbox.contract import (
     regex_search,
     slow_search_text,
 )
-from pytest_mailbox.endpoint import Signal, normalize_domain
+from pytest_mailbox.endpoint import Signal, fold_tag, normalize_domain
 from pytest_mailbox.errors import (
     AlreadyClaimed,
     AlreadyConsumed,
@@ -375,7 +375,7 @@ class Mailbox:
         (a second address for one test, as an invitation to a friend needs)."""
         __tracebackhide__ = True
         problem = address_tag_problem(tag)
-        if problem is None and len(tag.encode("utf-8")) > self._tag_room:
+        if problem is None and len(fold_tag(tag).encode("utf-8")) > self._tag_room:
             problem = self._room_problem
             if not tag.isascii():  # RFC 5321 counts octets
                 problem = (
@@ -386,7 +386,7 @@ class Mailbox:
             said = shown(mask_tag(tag) if isinstance(tag, str) else tag)
             msg = f"tagged: tag={said} is invalid; allowed: {problem}"  # a token's masked
             raise ContractError(msg)
-        return f"{self.alias}+{tag.lower()}@{self.domain}"
+        return f"{self.alias}+{fold_tag(tag)}@{self.domain}"
 
     @property
     def _tag_room(self) -> int:
