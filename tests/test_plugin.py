@@ -2887,6 +2887,43 @@ def test_a_token_in_a_folded_subjects_encoded_words_is_masked_in_a_printed_raw_m
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize(
+    "assertion",
+    [
+        'msg.raw.decode() == "x\\ny"',  # a diff of lines: ``E   + …Z=`` ``E   + dKxHdc``
+        'msg.raw.decode().splitlines() == ["x"]',  # ``'…Z=', 'dKxHdc'``
+        '{"raw": msg.raw.decode()} == {"raw": "x"}',  # ``'…Z=\\r\\n'`` ``'dKxHdc\\r\\n'``
+    ],
+)
+def test_a_token_split_by_a_soft_line_break_is_masked_in_a_diff_of_the_raw_message(
+    pytester: pytest.Pytester, workers: str, assertion: str
+) -> None:
+    """``-vv`` shows an assertion on ``msg.raw`` as a diff of its lines, each after ``E``
+    and ``+ `` (or as a list's items, or a string cut at each line break): the mask read a
+    quoted-printable soft line break only where the next line went on at once, so the
+    token before the break (37 of its 43 characters) was shown in clear."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        f"""
+        LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+
+
+        def test_it(isolated_mailbox, send):
+            send(isolated_mailbox.address, subject="Verify your account", body=LINK)
+            msg = isolated_mailbox.wait_for()
+            assert msg.link() == LINK
+            assert {assertion}
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    assert "Content-Transfer-Encoding: quoted-printable" in text
+    for piece in ("XjunxHf4Yd", "BeLwh6rGty", "dGIbI9Z", "dKxHdc"):
+        assert piece not in text, piece
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_passing_tests_output_is_masked_for_any_report_consumer(
     pytester: pytest.Pytester, workers: str
 ) -> None:

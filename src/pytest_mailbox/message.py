@@ -862,9 +862,21 @@ _MIN_CUT = 3
 _MIN_INNER = 8
 #: Longer values are masked whole only: cut or soft-broken pieces of them cost too much.
 _MAX_PIECED = 4096
+#: What starts a line of pytest's report: an explanation's ``E`` and indent, and a diff's
+#: ``+ `` or ``- `` (``E         + dKxHdc``, ``  + dKxHdc`` in the crash message).
+_LINE_START = r"(?:E?[ \t]+(?:[-+][ \t]+)?|[-+][ \t]+)?"
+#: Where pytest's repr of the lines of a raw message ends one and starts the next: a
+#: string split at its line breaks by ``-vv`` (``…=\\r\\n'`` then ``E  +   'dKx…``), or a
+#: list's items (``splitlines()``: ``…Z=', 'dKx…``).
+_NEXT_ITEM = rf"['\"],?(?: |\r?\n{_LINE_START})['\"]"
 #: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``),
-#: with the white space a transport may add after its ``=`` (RFC 2045 6.7).
-_SOFT_BREAK = re.compile(r"=(?:[ \t]|\\t)*(?:\r?\n|\\r\\n|\\n)")
+#: with the white space a transport may add after its ``=`` (RFC 2045 6.7), and what
+#: starts the next line where pytest shows the text in a diff or a list.
+_SOFT_BREAK = re.compile(
+    rf"=(?:[ \t]|\\t)*(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})"
+)
+#: What ``_bullets`` keeps of a soft-broken value: its line breaks, lines' starts, quotes.
+_KEPT = re.compile(rf"{_NEXT_ITEM}|\r?\n{_LINE_START}|\r")
 
 
 #: The rest of an encoded word whose start pytest cut away (``...5xS=5FEWg?=``), up to its
@@ -1108,7 +1120,11 @@ def _soft_broken(value: str) -> re.Pattern[str]:
 
 
 def _bullets(match: re.Match[str]) -> str:
-    return "".join(c if c in "\r\n" else "\u2022" for c in match.group())
+    text, shown, at = match.group(), [], 0
+    for kept in _KEPT.finditer(text):
+        shown += ["\u2022" * (kept.start() - at), kept.group()]
+        at = kept.end()
+    return "".join(shown) + "\u2022" * (len(text) - at)
 
 
 def _mask_value(text: str, value: str) -> str:
