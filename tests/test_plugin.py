@@ -2924,6 +2924,44 @@ def test_a_token_split_by_a_soft_line_break_is_masked_in_a_diff_of_the_raw_messa
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.parametrize(
+    "assertion",
+    [
+        'msg.raw.decode() == "x\\ny"',  # ``E   +  =?utf-8?q?…`` on each line
+        'msg.raw.decode().splitlines() == ["x"]',  # ``…?=', ' =?utf-8?q?…``
+    ],
+)
+def test_a_token_split_across_encoded_words_is_masked_in_a_diff_of_the_raw_message(
+    pytester: pytest.Pytester, workers: str, assertion: str
+) -> None:
+    """A long subject with a link is folded into encoded words that split the token
+    (``…token=3DXjunxHf4YdBn5xS=5FEWg-?=`` then `` =?utf-8?q?BeLwh6r…``). ``-vv`` shows an
+    assertion on ``msg.raw`` as a diff of its lines, each after ``E`` and ``+ ``: the mask
+    took the words of two lines for two runs, neither holding the whole token, and showed
+    it in clear."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        f"""
+        LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+
+
+        def test_it(isolated_mailbox, send):
+            subject = f"Please verify your new account at Example Corp now: {{LINK}}"
+            send(isolated_mailbox.address, subject=subject, body=LINK)
+            msg = isolated_mailbox.wait_for()
+            assert msg.link() == LINK
+            assert {assertion}
+        """
+    )
+    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
+    assert "Example Corp now: =?utf-8?q?" in text
+    for piece in ("XjunxHf4Yd", "5xS=5FEWg", "BeLwh6rGty", "dGIbI9Z", "dKxHdc"):
+        assert piece not in text, piece
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_passing_tests_output_is_masked_for_any_report_consumer(
     pytester: pytest.Pytester, workers: str
 ) -> None:

@@ -890,8 +890,11 @@ _ENCODED_WORD = re.compile(
     # the rest of a word whose start pytest cut away: read as Q
     rf"|(?<=\.\.\.)(?P<rest>{_CUT_REST})\?="
 )
-#: What joins two encoded words of one run: folding white space, as printed or in a repr.
-_BETWEEN_WORDS = re.compile(r"(?:\r?\n|\\r\\n|\\n)?(?:[ \t]|\\t)+")
+#: What joins two encoded words of one run: folding white space, as printed or in a repr,
+#: and what ``-vv`` puts between a raw message's lines (``E         +  =?utf-8?q?…``).
+_BETWEEN_WORDS = re.compile(
+    rf"(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})?(?:[ \t]|\\t)+"
+)
 _HEX_PAIR = re.compile(r"[0-9A-Fa-f]{2}")
 _BASE64_QUAD = re.compile(r"[A-Za-z0-9+/=]{1,4}")
 #: Each byte an encoded word carries, with where its text shows it: (byte, start, end).
