@@ -1799,3 +1799,28 @@ def test_a_stub_text_part_is_read_past_to_the_htmls_code(stub: str) -> None:
     with pytest.raises(ExtractionError, match="2 distinct codes"):
         msg.code()  # the HTML's phone number is a candidate: the error says so
     assert msg.code(pattern=r"code is (\d{6})") == "482913"
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        (b"token=3DZq8xYtK2mP4rT7\r\n", "token=Zq8xYtK2mP4rT7\n"),
+        (b"token=3DZq8xYtK2m= \r\nP4rT7\r\n", "token=Zq8xYtK2mP4rT7\n"),  # padded soft break
+    ],
+)
+def test_a_quoted_printable_body_with_8bit_text_in_it_is_read(line: bytes, text: str) -> None:
+    """A mailer that labels its body quoted-printable but leaves ``Café`` unescaped (8-bit
+    UTF-8, as sloppy mailers send): the body read as none (``msg.text == ""``, "no link"),
+    once it held an ``=``: the email package hands such a payload back as text its charset
+    decoded, which did not encode to ASCII to be read for padded soft line breaks."""
+    raw = (
+        b"From: a@app.example.test\r\nSubject: Caf\xc3\xa9\r\n"
+        b"Content-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Transfer-Encoding: quoted-printable\r\n\r\n"
+        b"Caf\xc3\xa9: https://app.example.test/v?" + line + b"code 482913\r\n"
+    )
+    msg = Message(raw, message_id="m-1")
+
+    assert msg.text == f"Café: https://app.example.test/v?{text}code 482913\n"
+    assert msg.link() == "https://app.example.test/v?token=Zq8xYtK2mP4rT7"
+    assert msg.code() == "482913"

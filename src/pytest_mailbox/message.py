@@ -1399,9 +1399,14 @@ def _payload(part: EmailMessage) -> bytes | None:
         return None
     encoding = str(part.get("content-transfer-encoding", "")).strip().lower()
     if encoding == "quoted-printable":
-        sent = part.get_payload()
+        # As received: get_payload() hands 8-bit text back decoded with the part's charset
+        # (``Café`` sent unescaped), which does not encode to ASCII: the body read as none.
+        sent = getattr(part, "_payload", None)
         if isinstance(sent, str) and "=" in sent:
-            data = sent.encode("ascii", "surrogateescape")
+            try:
+                data = sent.encode("ascii", "surrogateescape")
+            except UnicodeEncodeError:  # a part made of text, not parsed from bytes
+                return payload
             if _PADDED_SOFT_BREAK.search(data):
                 payload = binascii.a2b_qp(_PADDED_SOFT_BREAK.sub(b"=", data))
     elif encoding == "base64" and any(type(d).__name__ == _UNDECODABLE for d in part.defects):
