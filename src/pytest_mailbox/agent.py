@@ -63,7 +63,7 @@ from pytest_mailbox.contract import (
     address_tag_problem,
     tag_problem,
 )
-from pytest_mailbox.endpoint import normalize_domain
+from pytest_mailbox.endpoint import fold_tag, normalize_domain
 from pytest_mailbox.errors import (
     AlreadyClaimed,
     AmbiguousMatch,
@@ -164,8 +164,10 @@ def _whole(value: object) -> object:
 WholeNumber = Annotated[int, BeforeValidator(_whole)]
 
 
-#: A plus-tag as the schema says it; ``_a_tag`` checks it first, in the Python API's words.
-_TAG = r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{0,64}$"
+#: A plus-tag as the schema says it: no ASCII but RFC 5322's atext, anything beyond ASCII
+#: (RFC 6531). ``_a_tag`` checks it first, in the Python API's words (its 64 octets too).
+_TAG_CHAR = r'[^\x00-\x20"(),:;<>@\[\\\]\x7f]'
+_TAG = f"^{_TAG_CHAR}{{0,64}}$"
 _TAG_ABOUT = (
     "Only mail sent to the address with this plus-tag ('friend' for alias+friend@domain), "
     "'' for mail to the address itself, null for either."
@@ -188,13 +190,14 @@ class _Tagged(_Arguments):
     @classmethod
     def _a_tag(cls, value: object) -> object:
         """Refused in the Python API's words before the pattern's: a tag no address could
-        carry (a wait with it could only time out); lower case, as the sink keeps a tag."""
+        carry (a wait with it could only time out); folded (lower case, NFC), as the sink
+        keeps a tag."""
         if not isinstance(value, str):  # None, or not text: the type's to take or refuse
             return value
         problem = tag_problem(value, empty=True) if cls._selects else address_tag_problem(value)
         if problem is not None:
             raise ValueError(problem)
-        return value.lower()
+        return fold_tag(value)
 
     @field_serializer("tag", check_fields=False)
     def _tag_masked(self, value: str | None) -> str | None:
@@ -214,7 +217,7 @@ class ReserveMailbox(_Tagged):
     ttl: WholeNumber = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
     tag: str | None = Field(
         default=None,
-        pattern=r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]{1,64}$",
+        pattern=f"^{_TAG_CHAR}{{1,64}}$",
         description="A plus-tag such as 'friend', for a second address; null for the first.",
     )
 
