@@ -2856,6 +2856,36 @@ def test_output_pytest_shows_is_masked_however_it_quotes_a_value(
     assert "open https://shop.example.test/verify?token=••••" in text  # cut in the token
 
 
+#: A link whose token a failing test's report must hide, however the report cuts it.
+SPLIT_LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+#: Pieces of its token, as the quoted-printable and encoded-word forms cut them.
+SPLIT_PIECES = ("XjunxHf4Yd", "5xS=5FEWg", "BeLwh6rGty", "dGIbI9Z", "dKxHdc")
+#: A subject long enough to be folded into encoded words, the link's token split.
+FOLDED_SUBJECT = "Please verify your new account at Example Corp now: {LINK}"
+
+
+def _failing_report(pytester: pytest.Pytester, workers: str, subject: str, *then: str) -> str:
+    """What ``-vv`` and JUnit XML show of a test that sends ``SPLIT_LINK`` (in the body,
+    and in the f-string ``subject``), waits for it, then fails at ``then``'s lines."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    steps = "\n".join(f"    {line}" for line in then)
+    pytester.makepyfile(
+        f"""
+LINK = {SPLIT_LINK!r}
+
+
+def test_it(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject=f"{subject}", body=LINK)
+    msg = isolated_mailbox.wait_for()
+    assert msg.link() == LINK
+{steps}
+"""
+    )
+    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    return result.stdout.str() + (pytester.path / "junit.xml").read_text()
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_token_in_a_folded_subjects_encoded_words_is_masked_in_a_printed_raw_message(
     pytester: pytest.Pytester, workers: str
@@ -2863,26 +2893,11 @@ def test_a_token_in_a_folded_subjects_encoded_words_is_masked_in_a_printed_raw_m
     """A subject with a link in it, long enough that the email package folds it into RFC
     2047 encoded words: ``print(msg.raw)`` and an assertion on it showed the token, cut
     and escaped (``5xS=5FEWg``), in clear."""
-    pytester.makeconftest(SENDER_CONFTEST)
-    pytester.makepyfile(
-        """
-        LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+    then = ("print(msg.raw)", "print(msg.raw.decode())", 'assert b"Welcome" in msg.raw')
+    text = _failing_report(pytester, workers, "Verify your account: {LINK}", *then)
 
-
-        def test_it(isolated_mailbox, send):
-            send(isolated_mailbox.address, subject=f"Verify your account: {LINK}", body=LINK)
-            msg = isolated_mailbox.wait_for()
-            assert msg.link() == LINK
-            print(msg.raw)
-            print(msg.raw.decode())
-            assert b"Welcome" in msg.raw
-        """
-    )
-    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
-    result.assert_outcomes(failed=1)
-    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
     assert "Subject: Verify your account: =?utf-8?q?" in text
-    for piece in ("XjunxHf4Yd", "5xS=5FEWg", "BeLwh6rGty", "dGIbI9ZdKx"):
+    for piece in SPLIT_PIECES:
         assert piece not in text, piece
 
 
@@ -2902,24 +2917,10 @@ def test_a_token_split_by_a_soft_line_break_is_masked_in_a_diff_of_the_raw_messa
     and ``+ `` (or as a list's items, or a string cut at each line break): the mask read a
     quoted-printable soft line break only where the next line went on at once, so the
     token before the break (37 of its 43 characters) was shown in clear."""
-    pytester.makeconftest(SENDER_CONFTEST)
-    pytester.makepyfile(
-        f"""
-        LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+    text = _failing_report(pytester, workers, "Verify your account", f"assert {assertion}")
 
-
-        def test_it(isolated_mailbox, send):
-            send(isolated_mailbox.address, subject="Verify your account", body=LINK)
-            msg = isolated_mailbox.wait_for()
-            assert msg.link() == LINK
-            assert {assertion}
-        """
-    )
-    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
-    result.assert_outcomes(failed=1)
-    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
     assert "Content-Transfer-Encoding: quoted-printable" in text
-    for piece in ("XjunxHf4Yd", "BeLwh6rGty", "dGIbI9Z", "dKxHdc"):
+    for piece in SPLIT_PIECES:
         assert piece not in text, piece
 
 
@@ -2939,25 +2940,10 @@ def test_a_token_split_across_encoded_words_is_masked_in_a_diff_of_the_raw_messa
     assertion on ``msg.raw`` as a diff of its lines, each after ``E`` and ``+ ``: the mask
     took the words of two lines for two runs, neither holding the whole token, and showed
     it in clear."""
-    pytester.makeconftest(SENDER_CONFTEST)
-    pytester.makepyfile(
-        f"""
-        LINK = "https://app.example.test/verify?token=XjunxHf4YdBn5xS_EWg-BeLwh6rGtydGIbI9ZdKxHdc"
+    text = _failing_report(pytester, workers, FOLDED_SUBJECT, f"assert {assertion}")
 
-
-        def test_it(isolated_mailbox, send):
-            subject = f"Please verify your new account at Example Corp now: {{LINK}}"
-            send(isolated_mailbox.address, subject=subject, body=LINK)
-            msg = isolated_mailbox.wait_for()
-            assert msg.link() == LINK
-            assert {assertion}
-        """
-    )
-    result = pytester.runpytest("-n", workers, "-vv", "--junitxml=junit.xml")
-    result.assert_outcomes(failed=1)
-    text = result.stdout.str() + (pytester.path / "junit.xml").read_text()
     assert "Example Corp now: =?utf-8?q?" in text
-    for piece in ("XjunxHf4Yd", "5xS=5FEWg", "BeLwh6rGty", "dGIbI9Z", "dKxHdc"):
+    for piece in SPLIT_PIECES:
         assert piece not in text, piece
 
 
