@@ -330,6 +330,18 @@ def test_the_end_of_a_run_closes_only_its_own_mailboxes(
     result.stdout.no_fnmatch_line("mailbox: 2 reserved*")
 
 
+def _failed_at_its_end(
+    pytester: pytest.Pytester, suite: str, workers: str
+) -> tuple[pytest.RunResult, Path]:
+    """Run ``suite`` (one test that passes) apart: its run fails at its end, exit status 3
+    (the harness failed, not a test), for what happened to its store."""
+    pytester.makepyfile(suite)
+    result, store = _run_apart(pytester, "-n", workers)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    return result, store
+
+
 REPLACED_STORE_SUITE = """
 from pathlib import Path
 
@@ -352,13 +364,9 @@ def test_a_run_whose_store_another_run_replaced_does_not_count_the_other_s(
     pytester: pytest.Pytester, workers: str
 ) -> None:
     # It said "mailbox: 0 reserved, ...", and that it counted only its own mailboxes.
-    pytester.makepyfile(REPLACED_STORE_SUITE)
-
-    result, store = _run_apart(pytester, "-n", workers)
-
     # Then with exit status 0, as no store gone at the end has: its counts are missing.
-    result.assert_outcomes(passed=1)
-    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result, store = _failed_at_its_end(pytester, REPLACED_STORE_SUITE, workers)
+
     result.stdout.fnmatch_lines(
         [
             f"mailbox: {store} holds 0 of the 1 mailboxes this run's reports "
@@ -393,12 +401,8 @@ def test_a_store_the_end_of_the_run_cannot_use_is_a_line_in_the_summary_not_a_tr
     # process that stopped inside a write held the store, in the case that found it).
     # Then the line alone, with exit status 0: a CI run whose mailboxes were left open
     # looked green. The tests' own outcomes stand; the run's status says the harness failed.
-    pytester.makepyfile(BROKEN_STORE_SUITE)
+    result, store = _failed_at_its_end(pytester, BROKEN_STORE_SUITE, workers)
 
-    result, store = _run_apart(pytester, "-n", workers)
-
-    result.assert_outcomes(passed=1)
-    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines(
         [
             "mailbox: the end of the run could not open its store: the store "
@@ -425,12 +429,8 @@ def test_a_store_removed_during_the_run_fails_the_run_at_its_end(
     pytester: pytest.Pytester, workers: str
 ) -> None:
     # The run's end found no file and said nothing: exit status 0, the counts missing.
-    pytester.makepyfile(REMOVED_STORE_SUITE)
+    result, store = _failed_at_its_end(pytester, REMOVED_STORE_SUITE, workers)
 
-    result, store = _run_apart(pytester, "-n", workers)
-
-    result.assert_outcomes(passed=1)
-    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
     result.stdout.fnmatch_lines(
         [
             f"mailbox: the end of the run could not open its store: {store} is gone "
