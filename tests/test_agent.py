@@ -53,6 +53,7 @@ from pytest_mailbox import message as message_module
 from pytest_mailbox.agent import AgentTools, Answer, journal_path
 from pytest_mailbox.contract import dump_receipt
 from pytest_mailbox.mcp_server import main as mcp_main
+from pytest_mailbox.mcp_server import serve as mcp_serve
 from pytest_mailbox.sink import MailSink, SmtpEndpoint
 from pytest_mailbox.store import Store
 
@@ -3128,6 +3129,35 @@ def test_mcp_server_started_with_sigint_ignored_keeps_ignoring_it(
         assert live.server.wait(timeout=60) == 0  # stopped by stdin's end, not the signal
 
     assert (tmp_path / "stderr").read_text() == ""
+
+
+@SIGNUP
+def test_mcp_server_served_in_process_puts_back_the_signal_handlers_it_found(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """``serve`` called from a program of its own (a test): asyncio left SIGTERM at its
+    default and SIGINT at KeyboardInterrupt once it returned, so the program's own handlers
+    (coverage's, which saves its data on SIGTERM) were gone, and a SIGTERM killed it."""
+    tools = isolated_mailbox.agent_tools()
+
+    def own(signum: int, frame: object) -> None:
+        """The program's handler."""
+
+    found = signal.signal(signal.SIGTERM, own), signal.signal(signal.SIGINT, own)
+    ended, end = os.pipe()
+    os.close(end)  # a stdin that has ended: the server stops at once
+    stdin = os.dup(0)
+    os.dup2(ended, 0)
+    os.close(ended)
+    try:
+        assert asyncio.run(mcp_serve(tools)) == 0
+        after = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    finally:
+        os.dup2(stdin, 0)
+        os.close(stdin)
+        signal.signal(signal.SIGTERM, found[0])
+        signal.signal(signal.SIGINT, found[1])
+    assert after == (own, own)
 
 
 @pytest.mark.parametrize(("fd", "name"), [(0, "stdin"), (1, "stdout")])

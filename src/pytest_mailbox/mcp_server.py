@@ -26,7 +26,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack, closing, contextmanager, suppress
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -466,21 +466,31 @@ def _claimed(fd: int, diversion: Callable[[], int]) -> Iterator[int]:
 async def _on_signals(stop: Callable[[int], None]) -> None:
     """On SIGINT or SIGTERM, ``stop(signum)``; on a second one, exit at once (calls still in
     progress are left ``unfinished`` in the evidence, as a kill leaves them). A signal the
-    server was started with ignored stays ignored (a client that keeps Ctrl-C to itself)."""
+    server was started with ignored stays ignored (a client that keeps Ctrl-C to itself).
+    The handlers found are put back on leaving: asyncio leaves SIGTERM's at its default (a
+    kill) and SIGINT's at KeyboardInterrupt, whatever the process that called ``serve`` had
+    (a test's, coverage's)."""
     import anyio  # noqa: PLC0415
 
     wanted = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
-    with ExitStack() as stack:
-        try:
-            signals = stack.enter_context(anyio.open_signal_receiver(*wanted))
-        except (NotImplementedError, RuntimeError, ValueError):  # Windows; not the main thread
-            return
+    found = [(signum, signal.getsignal(signum)) for signum in wanted]
+    try:
+        signals = anyio.open_signal_receiver(*wanted)
+        received = signals.__enter__()
+    except (NotImplementedError, RuntimeError, ValueError):  # Windows; not the main thread
+        return
+    try:
         stopped = False
-        async for signum in signals:
+        async for signum in received:
             if stopped:  # pragma: no cover - the process ends here, its coverage unsaved
                 os._exit(128 + signum)
             stopped = True
             stop(signum)
+    finally:
+        signals.__exit__(None, None, None)
+        for signum, handler in found:  # after the receiver let go of them
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(signum, handler)
 
 
 async def serve(tools: AgentTools) -> int:
