@@ -3160,6 +3160,60 @@ def test_mcp_server_served_in_process_puts_back_the_signal_handlers_it_found(
     assert after == (own, own)
 
 
+@SIGNUP
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_mcp_server_served_in_process_leaves_no_descriptor_open(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """``serve`` kept its duplicate of stdin open once it returned (its reading thread might
+    still be in a read of it): one descriptor more for each time a program served."""
+    tools = isolated_mailbox.agent_tools()
+    ended, end = os.pipe()
+    os.close(end)  # a stdin that has ended: the server stops at once
+    stdin = os.dup(0)
+    os.dup2(ended, 0)
+    os.close(ended)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            assert asyncio.run(mcp_serve(tools)) == 0
+        after = len(os.listdir("/proc/self/fd"))
+    finally:
+        os.dup2(stdin, 0)
+        os.close(stdin)
+    assert after == before
+
+
+_HOST = """
+import sys
+from pytest_mailbox.mcp_server import main
+print("served", main(sys.argv[1:]), flush=True)
+print("then read", repr(sys.stdin.readline()), flush=True)
+"""
+
+
+@SIGNUP
+def test_mcp_server_stopped_by_a_signal_leaves_the_rest_of_stdin_to_its_caller(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    """A server stopped by a signal (or a closed stdout) returned with its thread still in
+    a read of stdin: in a program that called it and then read stdin itself, that thread
+    took the next line, and the program never saw it. It reads no more once stopped."""
+    tools = isolated_mailbox.agent_tools()
+    python, _, _, *args = tools.mcp_command()
+
+    with _live(tools, tmp_path / "stderr", [python, "-c", _HOST, *args]) as live:
+        live.send(_PING)
+        assert live.answer()["id"] == "ping"  # its thread is back in its read of stdin
+        live.server.send_signal(signal.SIGTERM)
+        assert live.server.stdout is not None
+        assert live.server.stdout.readline() == b"served 143\n"
+        out, _ = live.server.communicate(b"a line of its own\n", timeout=60)  # a net
+
+    assert out == b"then read 'a line of its own\\n'\n"
+    assert (tmp_path / "stderr").read_text() == ""
+
+
 @pytest.mark.parametrize(("fd", "name"), [(0, "stdin"), (1, "stdout")])
 def test_mcp_server_started_with_stdin_or_stdout_closed_says_so(
     isolated_mailbox: Mailbox, fd: int, name: str

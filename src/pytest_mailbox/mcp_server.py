@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import select
 import signal
 import sqlite3
 import sys
@@ -362,13 +363,57 @@ class _Watched(_ClosedOnExit, Generic[_T]):
             raise StopAsyncIteration from None
 
 
+class _Unblocked(io.RawIOBase):
+    """``fd``'s bytes, read only once it has some, and none once ``stop()`` is called: a
+    stopped server's thread reads no more of stdin, which is the caller's again (``serve``
+    called from a program that reads stdin once it returns). Where ``poll`` is missing
+    (Windows), a plain read, which a stop does not end."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._poll = getattr(select, "poll", lambda: None)()
+        self._wake, self._waker = os.pipe() if self._poll is not None else (-1, -1)
+        if self._poll is not None:
+            self._poll.register(fd, select.POLLIN)
+            self._poll.register(self._wake, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._poll is not None:
+            while not (ready := dict(self._poll.poll())):  # pragma: no cover - no timeout
+                pass
+            if self._wake in ready:  # stopped: as if stdin had ended, none of it read
+                return 0
+        data = os.read(self._fd, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def stop(self) -> None:
+        if self._poll is not None and self._waker >= 0:
+            os.write(self._waker, b"\0")
+
+    @property
+    def stoppable(self) -> bool:
+        return self._poll is not None
+
+    def release(self) -> None:
+        """Once its reader has ended: the waking pipe's descriptors closed."""
+        for fd in (self._wake, self._waker):
+            if fd >= 0:
+                os.close(fd)
+        self._wake = self._waker = -1
+
+
 class _Lines:
     """stdin's lines, for ``stdio_server``: read in a daemon thread of their own.
 
     The SDK reads stdin in one of anyio's worker threads, which a stopping server waits
     for: after a signal it stayed up until stdin's next line, which might never come.
-    ``stop()`` ends the lines at once; the thread, still in its read, does not keep the
-    process alive. Decoded as the SDK decodes them (UTF-8, errors replaced).
+    ``stop()`` ends the lines at once, and the thread's reading (``_Unblocked``): it reads
+    no line after it, and ``join()`` waits for it to end. Decoded as the SDK decodes them
+    (UTF-8, errors replaced).
     """
 
     def __init__(self, fd: int, portal: BlockingPortal) -> None:
@@ -378,9 +423,12 @@ class _Lines:
         self._portal = portal
         self._scope = anyio.CancelScope()
         self._stopped = False
-        binary = open(fd, "rb", closefd=False)  # noqa: SIM115 - the thread's for good
-        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace")
-        threading.Thread(target=self._pump, args=(text,), name="mcp stdin", daemon=True).start()
+        self._raw = _Unblocked(fd)
+        text = io.TextIOWrapper(io.BufferedReader(self._raw), encoding="utf-8", errors="replace")
+        self._thread = threading.Thread(
+            target=self._pump, args=(text,), name="mcp stdin", daemon=True
+        )
+        self._thread.start()
 
     def _pump(self, text: io.TextIOWrapper) -> None:
         with suppress(Exception):  # the server stopped reading, or its event loop ended
@@ -404,12 +452,23 @@ class _Lines:
 
     def stop(self) -> None:
         """No more lines: as if stdin had ended."""
+        if not self._stopped:
+            self._raw.stop()
         self._stopped = True
         self._scope.cancel()
 
     def close(self) -> None:
         self.stop()
         self._receive.close()
+
+    def join(self) -> bool:
+        """Once the server's portal has stopped: wait for the thread to end; whether it
+        did (False where a stop does not end its read: it may still be in one)."""
+        if not self._raw.stoppable:  # pragma: no cover - Windows
+            return False
+        self._thread.join()
+        self._raw.release()
+        return True
 
 
 class _Written:
@@ -452,7 +511,7 @@ def _claimed(fd: int, diversion: Callable[[], int]) -> Iterator[int]:
     """A duplicate of ``fd`` for the wire, while ``fd`` itself points to ``diversion()``, as
     the SDK's ``stdio_server`` claims them: a stray read of stdin gets its end, a stray
     print goes to stderr, not into the answers. Restored on leaving; the duplicate is left
-    open, since the thread that reads stdin may still be in a read of it."""
+    open, for the caller to close once nothing reads or writes it (``_Lines.join``)."""
     wire = os.dup(fd)
     diverted = diversion()
     os.dup2(diverted, fd)
@@ -498,7 +557,7 @@ async def serve(tools: AgentTools) -> int:
     client closes stdin (0), stops reading stdout (0, and one line on stderr), or on SIGINT
     or SIGTERM (128 + its number): each way, a wait in progress is cut short, and every
     request read is answered before it returns (if the client still reads)."""
-    import anyio  # noqa: PLC0415
+    import anyio.to_thread  # noqa: PLC0415
     from anyio.from_thread import BlockingPortal  # noqa: PLC0415
     from mcp.server.stdio import stdio_server  # noqa: PLC0415
 
@@ -506,7 +565,7 @@ async def serve(tools: AgentTools) -> int:
         raise RuntimeError(closed)
     unanswered = _Unanswered()
     server = _build_server(tools, unanswered.cancelled)
-    status = 0
+    status, ended = 0, False
     try:
         with (
             _claimed(0, lambda: os.open(os.devnull, os.O_RDONLY)) as stdin,
@@ -549,7 +608,11 @@ async def serve(tools: AgentTools) -> int:
                     signals.cancel_scope.cancel()
                     lines.close()
                     await portal.stop(cancel_remaining=True)
+                    with anyio.CancelScope(shield=True):  # no read of stdin left behind
+                        ended = await anyio.to_thread.run_sync(lines.join)
         os.close(stdout)
+        if ended:
+            os.close(stdin)
     finally:
         tools.close()
     return status
