@@ -3338,8 +3338,11 @@ def test_a_claim_made_before_its_cancel_stands_and_its_evidence_says_so(
         holder.execute("BEGIN IMMEDIATE")  # the claim waits for the store's write lock
         live.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": claim}, _PING)
         assert live.answer()["id"] == "ping"  # the claim is in its thread by now
-        live.send(_cancel(5))
-        holder.execute("ROLLBACK")  # the claim is made after its cancel came
+        live.send(_cancel(5), {**_PING, "id": "after the cancel"})
+        # the cancel is read (requests are read in order): the claim is made after it came;
+        # a ROLLBACK sent with the cancel let the claim be made, and answered, first
+        assert live.answer()["id"] == "after the cancel"
+        holder.execute("ROLLBACK")
         assert live.server.stdin is not None
         live.server.stdin.close()
         assert live.rest() == []  # a cancelled request is not answered
