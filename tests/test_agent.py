@@ -8,8 +8,10 @@ answer, evidence entry or receipt holds the body, the token or the code.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import email.policy
+import fcntl
 import json
 import logging
 import os
@@ -20,6 +22,7 @@ import sqlite3
 import string
 import subprocess
 import sys
+import termios
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -3182,6 +3185,45 @@ def test_mcp_server_served_in_process_leaves_no_descriptor_open(
         os.dup2(stdin, 0)
         os.close(stdin)
     assert after == before
+
+
+@SIGNUP
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="sizes a pipe (Linux)")
+def test_mcp_server_waits_for_a_non_blocking_stdout_to_take_more(
+    isolated_mailbox: Mailbox, tmp_path: Path
+) -> None:
+    """A stdout left non-blocking (a terminal's, shared with a program that set it so) that
+    was full failed a write with EAGAIN: the server said "writing to stdout failed
+    (Resource temporarily unavailable)", dropped its answers and exited, one answer cut in
+    the middle. It waits until the pipe takes more, as on a blocking one."""
+    tools = isolated_mailbox.agent_tools()
+    listed = {"jsonrpc": "2.0", "method": "tools/list"}  # each answer more than a page
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    size = fcntl.fcntl(read, fcntl.F_SETPIPE_SZ, 4096)
+    with (
+        (tmp_path / "stderr").open("wb") as err,
+        subprocess.Popen(
+            tools.mcp_command(), stdin=subprocess.PIPE, stdout=write, stderr=err
+        ) as server,
+        open(read, "rb") as answers,
+    ):
+        os.close(write)
+        assert server.stdin is not None
+        server.stdin.write(b"".join(json.dumps(line).encode() + b"\n" for line in _OPENING))
+        server.stdin.flush()
+        assert json.loads(answers.readline())["id"] == 0  # the pipe is empty again
+        lines = [{**listed, "id": n} for n in range(1, 6)]
+        server.stdin.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        server.stdin.close()
+        full = array.array("i", [0])
+        while full[0] < size and server.poll() is None:  # the first answer fills the pipe
+            fcntl.ioctl(read, termios.FIONREAD, full)
+        written = answers.read()
+        assert server.wait(timeout=60) == 0  # a hang's net only
+
+    assert (tmp_path / "stderr").read_text() == ""
+    assert [json.loads(line)["id"] for line in written.splitlines()] == [1, 2, 3, 4, 5]
 
 
 _HOST = """

@@ -495,10 +495,23 @@ class _Written:
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view) :]
+            try:
+                view = view[os.write(self._fd, view) :]
+            except BlockingIOError:  # a stdout left non-blocking: wait until it takes more
+                _writable(self._fd)
 
     async def flush(self) -> None:
         """Nothing to flush: each answer went to the file whole."""
+
+
+def _writable(fd: int) -> None:
+    """Once ``fd`` can take more (or its reader is gone: the next write says so)."""
+    if hasattr(select, "poll"):
+        ready = select.poll()
+        ready.register(fd, select.POLLOUT)
+        ready.poll()
+    else:  # pragma: no cover - Windows
+        select.select([], [fd], [])
 
 
 def _stray_output() -> int:
