@@ -3081,6 +3081,26 @@ def test_mcp_server_stops_at_once_and_quietly_on_sigint_and_sigterm(
     ]
 
 
+@contextmanager
+def _claim_held(
+    tools: AgentTools, app: SignupApp, stderr: Path
+) -> Iterator[tuple[_Live, sqlite3.Connection]]:
+    """A server whose ``claim_message`` (request 5) of the app's one mail waits in its
+    thread for the store's write lock, which the test holds: the server, and the lock's
+    connection (closed at the end, the lock with it)."""
+    app.signup(tools.mailbox.address)
+    own = tools.mailbox.mailbox_id
+    claim = {"name": "claim_message", "arguments": {"fixture_id": own, "selector": {}}}
+    with (
+        closing(sqlite3.connect(tools.mailbox.store.path, isolation_level=None)) as holder,
+        _live(tools, stderr) as live,
+    ):
+        holder.execute("BEGIN IMMEDIATE")  # the claim waits for the store's write lock
+        live.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": claim}, _PING)
+        assert live.answer()["id"] == "ping"  # the claim is in its thread by now
+        yield live, holder
+
+
 @SIGNUP
 def test_a_second_signal_ends_an_mcp_server_whose_call_is_stuck_at_once(
     isolated_mailbox: Mailbox, app: SignupApp, tmp_path: Path
@@ -3091,22 +3111,14 @@ def test_a_second_signal_ends_an_mcp_server_whose_call_is_stuck_at_once(
     before it was counted, with no entry). Two signals of one kind sent at once may reach
     the process as one (POSIX keeps one pending), so the test sends two kinds."""
     tools = isolated_mailbox.agent_tools()
-    own = isolated_mailbox.mailbox_id
-    app.signup(isolated_mailbox.address)
-    claim = {"name": "claim_message", "arguments": {"fixture_id": own, "selector": {}}}
-    holder = sqlite3.connect(isolated_mailbox.store.path, isolation_level=None)
 
-    with _live(tools, tmp_path / "stderr") as live:
-        holder.execute("BEGIN IMMEDIATE")  # the claim waits for the store's write lock
-        live.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": claim}, _PING)
-        assert live.answer()["id"] == "ping"  # the claim is in its thread by now
+    with _claim_held(tools, app, tmp_path / "stderr") as (live, holder):
         live.server.send_signal(signal.SIGTERM)
         live.server.send_signal(signal.SIGINT)
         try:  # whichever the server took first: 128 + the second's number
             assert live.server.wait(timeout=30) in (130, 143)  # a hang's net only
         finally:
             holder.execute("ROLLBACK")
-    holder.close()
 
     assert {(e.tool, e.status) for e in tools.evidence()} <= {("claim_message", "unfinished")}
     assert (tmp_path / "stderr").read_text() == ""
@@ -3372,14 +3384,8 @@ def test_a_claim_made_before_its_cancel_stands_and_its_evidence_says_so(
     gets it back; the lease ends it otherwise."""
     tools = isolated_mailbox.agent_tools()
     own = isolated_mailbox.mailbox_id
-    app.signup(isolated_mailbox.address)
-    claim = {"name": "claim_message", "arguments": {"fixture_id": own, "selector": {}}}
-    holder = sqlite3.connect(isolated_mailbox.store.path, isolation_level=None)
 
-    with _live(tools, tmp_path / "stderr") as live:
-        holder.execute("BEGIN IMMEDIATE")  # the claim waits for the store's write lock
-        live.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": claim}, _PING)
-        assert live.answer()["id"] == "ping"  # the claim is in its thread by now
+    with _claim_held(tools, app, tmp_path / "stderr") as (live, holder):
         live.send(_cancel(5), {**_PING, "id": "after the cancel"})
         # the cancel is read (requests are read in order): the claim is made after it came;
         # a ROLLBACK sent with the cancel let the claim be made, and answered, first
@@ -3389,7 +3395,6 @@ def test_a_claim_made_before_its_cancel_stands_and_its_evidence_says_so(
         live.server.stdin.close()
         assert live.rest() == []  # a cancelled request is not answered
         assert live.server.wait(timeout=60) == 0
-    holder.close()
 
     (message,) = isolated_mailbox.store.messages(own)
     assert (message.state, message.holder) == ("claimed", isolated_mailbox.run_id)
