@@ -249,3 +249,65 @@ async def test_an_acall_cancelled_once_its_call_was_back_says_its_answer_was_not
     assert _last_entry(tools) == (["proposed", "allowed", "executed", "cancelled"], "waiting")
     assert tools.evidence()[-1].reason is not None
     assert "the answer was not sent" in tools.evidence()[-1].reason
+
+
+_QUEUED_CALL = """
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import trio
+import trio.testing
+
+WAIT = {"kind": "code", "timeout": 60}
+
+
+@pytest.mark.asyncio
+async def test_asyncio(isolated_mailbox):
+    tools = isolated_mailbox.agent_tools()
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    free = threading.Event()
+    holder = loop.run_in_executor(None, free.wait)  # the one worker thread is busy
+    task = asyncio.ensure_future(
+        tools.acall("wait_for_message", {"fixture_id": isolated_mailbox.mailbox_id, **WAIT})
+    )
+    await asyncio.sleep(0)  # one turn: the task queues its call behind the busy thread
+    task.cancel()
+    await asyncio.sleep(0)  # one turn: the cancel drops the queued call
+    free.set()
+    await holder
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio(isolated_mailbox, anyio_backend):
+    tools = isolated_mailbox.agent_tools()
+    trio.to_thread.current_default_thread_limiter().total_tokens = 1
+    free = threading.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.to_thread.run_sync, free.wait)  # holds the one token
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as calls:
+            calls.start_soon(
+                tools.acall, "wait_for_message",
+                {"fixture_id": isolated_mailbox.mailbox_id, **WAIT},
+            )
+            await trio.testing.wait_all_tasks_blocked()  # it waits for a token
+            calls.cancel_scope.cancel()
+        free.set()
+"""
+
+
+def test_an_acall_cancelled_before_a_thread_took_it_is_not_waited_for(
+    pytester: pytest.Pytester,
+) -> None:
+    """Every worker thread busy (asyncio's executor, trio's limiter), the call waited for
+    one; cancelled there, it is dropped, never run: its cancel waited, for ever, for a
+    thread that would never be back (the timeout here is a hang net only)."""
+    pytester.makepyfile(_QUEUED_CALL)
+    result = pytester.runpytest_subprocess("-n", "0", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=2)

@@ -1051,8 +1051,16 @@ class AgentTools:
         trio = running_trio()
         cancelled, back = threading.Event(), threading.Event()
         late: list[Callable[[], None]] = []
+        # A cancel can come before a worker thread took the call (a full executor or
+        # limiter: the call is then dropped, never run). Under ``gate`` either the thread
+        # has started, and is waited for, or it never will run the call.
+        gate, started = threading.Lock(), [False]
 
         def run() -> dict[str, Any]:
+            with gate:
+                if cancelled.is_set():  # cancelled before it started: nothing was done
+                    return {}
+                started[0] = True
             try:
                 answer, cancel = self._call(name, arguments, tool_call_id, cancelled)
                 late.append(cancel)
@@ -1066,7 +1074,10 @@ class AgentTools:
             answer: dict[str, Any] = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
             return answer
         except BaseException:  # cancelled: the answer will not be read
-            cancelled.set()
+            with gate:
+                cancelled.set()
+                if not started[0]:  # no thread ran the call, nor will: nothing to wait for
+                    raise
             if trio is None:  # anyio's scopes cancel again at each await: each is waited out
                 stopped = asyncio.ensure_future(asyncio.to_thread(back.wait))
                 while not stopped.done():
