@@ -1297,11 +1297,10 @@ class AgentTools:
             problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
         elif isinstance(args, ReserveMailbox) and args.ttl > self.ttl_max:
             problem = f"ttl exceeds this run's maximum of {self.ttl_max} seconds"
-        elif (
-            isinstance(args, ReserveMailbox)
-            and len((args.tag or "").encode("utf-8")) > self.mailbox._tag_room
+        elif isinstance(args, ReserveMailbox) and (
+            room := args.tag and self.mailbox._room_problem(args.tag)
         ):
-            problem = f"tag: {self.mailbox._room_problem}"  # RFC 5321's 64-octet local part
+            problem = f"tag: {room}"  # RFC 5321's 64-octet local part
         elif isinstance(args, ClaimMessage) and (args.lease or 0) > self.contract.lease:
             problem = f"lease exceeds the contract's {self.contract.lease:g} seconds"
         if problem is None:

@@ -374,28 +374,21 @@ class Mailbox:
         routed here, and ``wait_for(tag=...)`` tells it from mail to the plain address
         (a second address for one test, as an invitation to a friend needs)."""
         __tracebackhide__ = True
-        problem = address_tag_problem(tag)
-        if problem is None and len(fold_tag(tag).encode("utf-8")) > self._tag_room:
-            problem = self._room_problem
-            if not tag.isascii():  # RFC 5321 counts octets
-                problem = (
-                    f"a plus-tag of at most {self._tag_room} octets of UTF-8 beside the "
-                    f"alias {self.alias}"
-                )
+        problem = address_tag_problem(tag) or self._room_problem(tag)
         if problem is not None:
             said = shown(mask_tag(tag) if isinstance(tag, str) else tag)
             msg = f"tagged: tag={said} is invalid; allowed: {problem}"  # a token's masked
             raise ContractError(msg)
         return f"{self.alias}+{fold_tag(tag)}@{self.domain}"
 
-    @property
-    def _tag_room(self) -> int:
-        """The longest plus-tag beside this alias: RFC 5321's local part has 64 octets."""
-        return 64 - len(self.alias) - 1
-
-    @property
-    def _room_problem(self) -> str:
-        return f"a plus-tag of at most {self._tag_room} characters beside the alias {self.alias}"
+    def _room_problem(self, tag: str) -> str | None:
+        """Why ``tag`` makes this alias's local part longer than RFC 5321's 64 octets, or
+        None: the room left beside the alias, in characters (octets beyond ASCII)."""
+        room = 64 - len(self.alias) - 1
+        if len(fold_tag(tag).encode("utf-8")) <= room:
+            return None
+        unit = "characters" if tag.isascii() else "octets of UTF-8"
+        return f"a plus-tag of at most {room} {unit} beside the alias {self.alias}"
 
     @property
     def domain(self) -> str:
