@@ -573,7 +573,8 @@ def test_a_journal_removed_while_in_use_is_an_error_naming_it_not_a_new_empty_jo
             Path(f"{journal}{suffix}").unlink(missing_ok=True)
         gone = (
             f"the agents' journal {journal} failed: unable to open database file (the file "
-            "is gone: something removed it while the run used it)"
+            "is gone: something removed it while the run used it (a cleanup, another "
+            "pytest run given the same --basetemp))"
         )
 
         with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):

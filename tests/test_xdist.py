@@ -433,8 +433,8 @@ def test_a_store_removed_during_the_run_fails_the_run_at_its_end(
 
     result.stdout.fnmatch_lines(
         [
-            f"mailbox: the end of the run could not open its store: {store} is gone "
-            "(something removed it while the run used it: a cleanup, another pytest run "
+            f"mailbox: the end of the run could not open its store: {store} is gone: "
+            "something removed it while the run used it (a cleanup, another pytest run "
             "given the same --basetemp); the mailboxes its tests left open were not closed",
         ]
     )

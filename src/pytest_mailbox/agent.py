@@ -90,7 +90,7 @@ from pytest_mailbox.message import (
     redact_url,
 )
 from pytest_mailbox.settings import argument
-from pytest_mailbox.store import Outcome, Store, existing_uri, owner_only
+from pytest_mailbox.store import REMOVED, Outcome, Store, existing_uri, owner_only
 from pytest_mailbox.vocabulary import Checkpoint, shown, utc
 
 __all__ = ["MAX_CALLS", "AgentTools", "Answer", "NextAction", "journal_path"]
@@ -544,7 +544,7 @@ class _Journal:
         try:
             conn = sqlite3.connect(self._uri, timeout=60.0, isolation_level=None, uri=True)
         except sqlite3.Error as exc:
-            why = "the file is gone: something removed it while the run used it"
+            why = f"the file is gone: {REMOVED}"
             if Path(os.path.abspath(self.path)).exists():
                 why = "is its disk full, or did another program change the file?"
             msg = f"the agents' journal {self.path} failed: {exc} ({why})"

@@ -173,6 +173,12 @@ _NOT_OPENED = "no store was opened"
 #: The longest path SQLite's unix VFS opens, in bytes: 512, less room for "-journal".
 _LONGEST_PATH = 504
 
+#: Why a file of the run (the store, the agents' journal) is gone: every refusal says it so.
+REMOVED = (
+    "something removed it while the run used it (a cleanup, another pytest run given the "
+    "same --basetemp)"
+)
+
 #: An earlier version's ``events`` (a rowid table and an index): its rows, in the new table.
 _EVENTS_V1_TO_V2 = f"""
 ALTER TABLE events RENAME TO events_v1;
@@ -575,11 +581,7 @@ class Store:
         """SQLite's refusal as the error the caller's contract knows (``provider_error``)."""
         why = "is its disk full, or did another program change or remove the file?"
         if not self._where.exists():  # a connection opened before still reads what it can
-            why = (
-                "the file is gone: something removed it while the run used it (a cleanup, "
-                "another pytest run given the same --basetemp); no new, empty store was "
-                "made in its place"
-            )
+            why = f"the file is gone: {REMOVED}; no new, empty store was made in its place"
         elif "unable to open" in str(exc):  # a deep TMPDIR, say: the path is read then only
             length = len(os.fsencode(os.path.realpath(self.path)))
             if length > _LONGEST_PATH:
