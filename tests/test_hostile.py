@@ -6,6 +6,7 @@ Every case ends with the right reply (or a hang-up), nothing partial stored, not
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import gc
@@ -1189,6 +1190,142 @@ def test_store_failure_reply_never_echoes_internals_or_content(
     for secret in ("482913", "Zq8vT4nW2xKp9LmR", "messages", "no such table"):
         assert secret.encode() not in reply
         assert secret not in logged.replace("could not store a message", "")
+
+
+# -- AUTH -------------------------------------------------------------------------------------
+
+#: A login as an app's production config holds it: a user name that is a token, a password.
+AUTH_USER = "tok-Vq3Nw8Rz"
+AUTH_PASSWORD = "pw-Zq8vT4nW2xKp9LmR"
+
+
+def b64(text: str) -> bytes:
+    return base64.b64encode(text.encode())
+
+
+def test_auth_plain_and_login_are_offered_in_clear_and_any_login_is_taken(
+    sink: MailSink, client: Client
+) -> None:
+    ehlo = client.cmd(b"EHLO client.test")
+    assert b"250-AUTH LOGIN PLAIN\r\n" in ehlo
+    mailbox = reserve(sink)
+
+    assert client.cmd(b"AUTH PLAIN " + b64(f"\0{AUTH_USER}\0{AUTH_PASSWORD}")) == (
+        b"235 2.7.0 Authentication successful\r\n"
+    )
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+    assert client.cmd(b"RCPT TO:" + angle(mailbox)).startswith(b"250")
+    assert client.cmd(b"DATA").startswith(b"354")
+    assert client.cmd(b"Subject: logged in\r\n\r\nhi\r\n.").startswith(b"250")
+    assert mailbox.wait_for(subject="logged in", timeout=SAFETY).text.strip() == "hi"
+    # The LOGIN exchange, one challenge at a time, on a second connection.
+    with Client(sink) as other:
+        assert other.cmd(b"EHLO client.test").startswith(b"250")
+        assert other.cmd(b"AUTH LOGIN") == b"334 " + b64("User Name\0") + b"\r\n"
+        assert other.cmd(b64(AUTH_USER)) == b"334 " + b64("Password\0") + b"\r\n"
+        assert other.cmd(b64(AUTH_PASSWORD)) == b"235 2.7.0 Authentication successful\r\n"
+
+
+@pytest.mark.parametrize(
+    ("exchange", "reply"),
+    [
+        pytest.param([b"AUTH PLAIN", b"*"], b"501 5.7.0 Authentication cancelled", id="plain-*"),
+        pytest.param(
+            [b"AUTH LOGIN", b64(AUTH_USER), b"*"],
+            b"501 5.7.0 Authentication cancelled",
+            id="login-*",
+        ),
+        pytest.param(
+            [b"AUTH LOGIN", b64(AUTH_USER), AUTH_PASSWORD.encode() + b"!"],
+            b"501 5.5.2 Cannot decode the response: it is not base64",
+            id="password-in-clear",
+        ),
+        pytest.param(
+            [b"AUTH PLAIN", b"QUFB" * 1500],
+            b"500 5.5.6 Authentication exchange line is too long",
+            id="response-too-long",
+        ),
+        pytest.param(
+            [b"AUTH PLAIN " + b"QUFB" * 200], b"500 Command line too long", id="command-too-long"
+        ),
+        pytest.param(
+            [b"AUTH PLAIN " + AUTH_PASSWORD.encode() + b"!"],
+            b"501 5.5.2 Can't decode base64",
+            id="initial-not-base64",
+        ),
+        pytest.param(
+            [b"AUTH PLAIN " + b64(AUTH_PASSWORD)], b"501 5.5.2 Can't split auth value", id="no-nul"
+        ),
+        pytest.param(
+            [b"AUTH CRAM-MD5"], b"504 5.5.4 Unrecognized authentication type", id="cram-md5"
+        ),
+        pytest.param(
+            [b"MAIL FROM:<app@example.test>", b"AUTH PLAIN " + b64(f"\0u\0{AUTH_PASSWORD}")],
+            b"503 5.5.1 AUTH is not allowed during a mail transaction",
+            id="in-transaction",
+        ),
+        pytest.param(
+            [b"AUTH PLAIN " + b64("\0u\0p"), b"AUTH PLAIN " + b64("\0u\0p")],
+            b"503 Already authenticated",
+            id="twice",
+        ),
+    ],
+)
+def test_an_auth_exchange_the_sink_cannot_take_gets_one_reply_and_the_session_goes_on(
+    sink: MailSink, client: Client, exchange: list[bytes], reply: bytes
+) -> None:
+    """RFC 4954's reply, and the session goes on in step: a response longer than a line
+    got ``451 Internal error`` (aiosmtpd's ``ValueError``) and its tail could be read as a
+    command; AUTH between MAIL and DATA was taken."""
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    replies = [client.cmd(line) for line in exchange]
+
+    assert replies[-1] == reply + b"\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+    assert client.cmd(b"RSET") == b"250 OK\r\n"
+    mailbox = reserve(sink)
+    assert client.cmd(b"MAIL FROM:<app@example.test>").startswith(b"250")
+    assert client.cmd(b"RCPT TO:" + angle(mailbox)).startswith(b"250")
+    assert client.cmd(b"DATA").startswith(b"354")
+    assert client.cmd(b"Subject: after\r\n\r\nhi\r\n.").startswith(b"250")
+    assert mailbox.wait_for(subject="after", timeout=SAFETY).text.strip() == "hi"
+
+
+def test_auth_after_helo_is_not_offered(client: Client) -> None:
+    assert client.cmd(b"HELO client.test").startswith(b"250")
+    assert client.cmd(b"AUTH PLAIN") == b"500 Error: command 'AUTH' not recognized\r\n"
+    assert client.cmd(b"NOOP") == b"250 OK\r\n"
+
+
+def test_no_login_reaches_the_log_in_any_form(
+    sink: MailSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiosmtpd logs a response that is not base64 as it came (a password typed in clear),
+    and warns of its own deprecated attribute on every AUTH; neither reaches a handler."""
+    caplog.set_level(logging.DEBUG)
+    plain = b64(f"\0{AUTH_USER}\0{AUTH_PASSWORD}")
+    exchanges = [
+        [b"AUTH PLAIN " + plain],
+        [b"AUTH PLAIN", plain],
+        [b"AUTH LOGIN " + b64(AUTH_USER), b64(AUTH_PASSWORD)],
+        [b"AUTH LOGIN", b64(AUTH_USER), AUTH_PASSWORD.encode()],
+        [b"AUTH LOGIN", AUTH_USER.encode()],
+        [b"AUTH PLAIN " + AUTH_PASSWORD.encode()],
+    ]
+    for exchange in exchanges:
+        with Client(sink) as client:
+            assert client.cmd(b"EHLO client.test").startswith(b"250")
+            replies = b"".join(client.cmd(line) for line in exchange)
+            assert client.cmd(b"QUIT").startswith(b"221")
+        for secret in (AUTH_USER.encode(), AUTH_PASSWORD.encode()):
+            assert secret not in replies
+
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Using builtin auth_ hook for 'LOGIN'" in logged  # aiosmtpd's DEBUG lines are on
+    for secret in (AUTH_USER, AUTH_PASSWORD, b64(AUTH_USER).decode(), plain.decode()):
+        assert secret not in logged
+    assert b64(AUTH_PASSWORD).decode().rstrip("=") not in logged
+    assert "deprecated" not in logged
 
 
 # -- commits: batched per turn of the sink's loop, and a write lock held elsewhere ------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import collections
 import concurrent.futures
 import contextlib
@@ -15,7 +17,7 @@ from typing import Any, AnyStr, ClassVar, TypeVar
 
 import aiosmtpd
 import aiosmtpd.smtp
-from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
+from aiosmtpd.smtp import MISSING, SMTP, AuthResult, Envelope, Session, syntax
 
 from pytest_mailbox.endpoint import (
     DATA_POLICIES,
@@ -56,6 +58,8 @@ _AIOSMTPD_LOGGER = "mail.log"
 _CONTENT_LOGS = ("DATA readline", "_handle_client readline", "%r << %r", "%r >> %r")
 #: aiosmtpd logs the first word of an unknown command, which may be a line of a message.
 _UNKNOWN_COMMAND_LOG = "%r unrecognised: %s"
+#: aiosmtpd warns of its own deprecated attribute, which it sets itself, on every AUTH.
+_LOGIN_DATA_WARNING = "Session.login_data is deprecated"
 
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 #: ``<local@domain>`` in its plain form: dot-atoms on both sides, ASCII only.
@@ -92,8 +96,9 @@ _HEADER_TOO_BIG = (
 
 
 class _NoContent(logging.Filter):
-    """Drop aiosmtpd records that carry message data or raw protocol lines, and spell out
-    the bytes of an address that was not UTF-8.
+    """Drop aiosmtpd records that carry message data or raw protocol lines (and its
+    warning, on every AUTH, about an attribute it sets itself), and spell out the bytes of
+    an address that was not UTF-8.
 
     aiosmtpd decodes an address with ``surrogateescape`` and logs it as it is (``recip:
     a@mailbox.test\\udcff``). pytest keeps that record in the report, and pytest-xdist
@@ -106,7 +111,7 @@ class _NoContent(logging.Filter):
         if record.msg == _UNKNOWN_COMMAND_LOG:
             peer = record.args[:1] if isinstance(record.args, tuple) else ("?",)
             record.msg, record.args = "%r sent an unrecognised command", peer
-        if record.msg.startswith(_CONTENT_LOGS):
+        if record.msg.startswith(_CONTENT_LOGS) or record.msg.startswith(_LOGIN_DATA_WARNING):
             return False
         if isinstance(record.args, tuple) and any(
             isinstance(arg, str) and _SURROGATE.search(arg) for arg in record.args
@@ -183,6 +188,25 @@ def _address_problem(address: str, smtputf8: bool) -> str | None:
             "send MAIL FROM:<...> SMTPUTF8 (the sink offers it in EHLO)"
         )
     return None
+
+
+#: RFC 4954's replies to an AUTH exchange the sink cannot take (it takes any credentials).
+_AUTH_LINE_TOO_LONG = "500 5.5.6 Authentication exchange line is too long"
+_AUTH_CANCELLED = "501 5.7.0 Authentication cancelled"
+_AUTH_NOT_BASE64 = "501 5.5.2 Cannot decode the response: it is not base64"
+_AUTH_IN_TRANSACTION = "503 5.5.1 AUTH is not allowed during a mail transaction"
+
+
+def _any_login(
+    server: SMTP, session: Session, envelope: Envelope, mechanism: str, auth_data: object
+) -> AuthResult:
+    """aiosmtpd's authenticator: any user name and password are taken, and neither is kept.
+
+    A test sink has no accounts: an app configured with its relay's login sends here
+    unchanged. The user name is dropped with the password, since some relays take a token
+    as user name (Postmark's server token, an AWS access key id for SES).
+    """
+    return AuthResult(success=True, auth_data=None)
 
 
 class _Handler:
@@ -357,7 +381,8 @@ class _Reader(asyncio.StreamReader):
 class _Protocol(SMTP):
     """aiosmtpd's SMTP protocol with the sink's limits, tracked so ``stop()`` can close it.
 
-    On top of aiosmtpd: replies never quote the client, an idle client gets ``421`` before
+    On top of aiosmtpd: AUTH PLAIN and LOGIN without TLS, any login taken and none kept
+    (``_any_login``), replies never quote the client, an idle client gets ``421`` before
     the hang-up, an HTTP request or a client that talks before its reply (the sink offers
     no PIPELINING: early talkers, blind senders) is answered and disconnected, and a client
     that half-closes still gets the reply to everything it sent in full.
@@ -372,7 +397,9 @@ class _Protocol(SMTP):
         if fast and aiosmtpd.__version__ in _SETUP_CHECKED:
             self._setup(_Handler(sink), **kwargs)
         else:
-            super().__init__(_Handler(sink), **kwargs)
+            super().__init__(
+                _Handler(sink), auth_require_tls=False, authenticator=_any_login, **kwargs
+            )
             # The sink's reader for aiosmtpd's, before any connection (see eof_received).
             asyncio.StreamReaderProtocol.__init__(
                 self,
@@ -407,7 +434,8 @@ class _Protocol(SMTP):
         every connection: about 150 µs of the 210 µs a connection's protocol costs here,
         paid by every app that opens a connection per mail. The names depend only on the
         classes, so they are found once per class; the methods are bound per connection as
-        aiosmtpd binds them. Settings the sink never uses (TLS, AUTH, call limits, PROXY) take
+        aiosmtpd binds them. AUTH is offered without TLS and takes any login
+        (``_any_login``); settings the sink never uses (TLS, call limits, PROXY) take
         aiosmtpd's defaults; aiosmtpd's one INFO line per connection listing the AUTH
         mechanisms is not written.
         """
@@ -441,10 +469,10 @@ class _Protocol(SMTP):
         self.envelope = None
         self.transport = None
         self._handler_coroutine = None
-        self._auth_require_tls = True
+        self._auth_require_tls = False
         self._proxy_timeout = None
-        self._authenticator = None
-        self._auth_callback = smtp.login_always_fail
+        self._authenticator = _any_login
+        self._auth_callback = None
         self._auth_required = False
         self._auth_methods = {}
         for owner in (self, handler):
@@ -575,6 +603,59 @@ class _Protocol(SMTP):
         if not await self._out_of_sync("EHLO"):
             self.command_size_limits.clear()
             await super().smtp_EHLO(hostname)
+
+    @syntax("AUTH <mechanism>")
+    async def smtp_AUTH(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
+        """aiosmtpd's AUTH (PLAIN, LOGIN; any login taken), refused during a mail transaction
+        as RFC 4954 4 requires (aiosmtpd took it between MAIL and DATA)."""
+        if self.envelope is not None and self.envelope.mail_from is not None:
+            await self.push(_AUTH_IN_TRANSACTION)
+            return
+        await super().smtp_AUTH(arg)
+
+    async def challenge_auth(
+        self,
+        challenge: str | bytes,
+        encode_to_b64: bool = True,
+        log_client_response: bool = False,
+    ) -> Any:  # aiosmtpd's ``_Missing | bytes``; _Missing is private
+        """aiosmtpd's ``334`` challenge and the client's answer, decoded; ``MISSING`` once
+        answered with RFC 4954's reply to an answer the sink cannot take: ``*`` (cancel),
+        not base64, or a line over the reader's limit. Nothing of the answer is logged
+        (aiosmtpd logged one that was not base64: a password typed in clear)."""
+        raw = challenge.encode() if isinstance(challenge, str) else challenge
+        await self.push(b"334 " + (base64.b64encode(raw) if encode_to_b64 else raw))
+        line = await self._auth_line()
+        if line is None:
+            await self.push(_AUTH_LINE_TOO_LONG)
+            return MISSING
+        blob = line.strip()
+        if blob == b"*":
+            await self.push(_AUTH_CANCELLED)
+            return MISSING
+        try:
+            return base64.b64decode(blob, validate=True)
+        except binascii.Error:
+            await self.push(_AUTH_NOT_BASE64)
+            return MISSING
+
+    async def _auth_line(self) -> bytes | None:
+        """The client's next line, or None (and the line read to its end, dropped) if it is
+        longer than the reader's limit: what follows it is read as the next command, as
+        aiosmtpd does for a command line too long."""
+        reader = self._reader
+        try:
+            line: bytes = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError as exc:
+            await reader.readexactly(exc.consumed)
+            while True:
+                try:
+                    await reader.readuntil(b"\n")
+                except asyncio.LimitOverrunError as more:
+                    await reader.readexactly(more.consumed)
+                else:
+                    return None
+        return line
 
     @syntax("DATA")
     async def smtp_DATA(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
