@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import smtplib
 from email import policy
 from email.message import EmailMessage
@@ -99,6 +100,135 @@ def test_django_smtp_backend_is_delivered(
 
     msg = isolated_mailbox.wait_for(sender=SENDER, timeout=10)
     assert_verification_mail(msg)
+
+
+#: A relay's login as an app's config keeps it (SendGrid's user name is "apikey").
+LOGIN_USER = "apikey"
+LOGIN_PASSWORD = "SG.pw-Zq8vT4nW2xKp9LmR"
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "initial_response"),
+    [("PLAIN", True), ("PLAIN", False), ("LOGIN", True), ("LOGIN", False)],
+)
+def test_smtplib_logged_in_with_either_mechanism_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, mechanism: str, initial_response: bool
+) -> None:
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.ehlo()
+        smtp.user, smtp.password = LOGIN_USER, LOGIN_PASSWORD  # what login() sets
+        auth = smtp.auth_plain if mechanism == "PLAIN" else smtp.auth_login
+        code, _ = smtp.auth(mechanism, auth, initial_response_ok=initial_response)
+        assert code == 235
+        smtp.send_message(verification_mail(isolated_mailbox.address))
+
+    assert_verification_mail(isolated_mailbox.wait_for(subject=SUBJECT, timeout=10))
+
+
+def test_smtplib_login_is_delivered(mailbox_server: MailSink, isolated_mailbox: Mailbox) -> None:
+    """``login()``, as an app calls it: before, ``SMTPNotSupportedError``."""
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        assert smtp.login(LOGIN_USER, LOGIN_PASSWORD)[0] == 235
+        smtp.send_message(verification_mail(isolated_mailbox.address))
+
+    assert_verification_mail(isolated_mailbox.wait_for(subject=SUBJECT, timeout=10))
+
+
+@pytest.mark.parametrize("mechanism", ["login()", "PLAIN", "LOGIN"])
+def test_aiosmtplib_logged_in_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, mechanism: str
+) -> None:
+    async def send() -> None:
+        if mechanism == "login()":  # aiosmtplib.send(username=, password=) calls it
+            await aiosmtplib.send(
+                verification_mail(isolated_mailbox.address),
+                hostname=mailbox_server.host,
+                port=mailbox_server.port,
+                username=LOGIN_USER,
+                password=LOGIN_PASSWORD,
+                start_tls=False,
+            )
+            return
+        smtp = aiosmtplib.SMTP(hostname=mailbox_server.host, port=mailbox_server.port)
+        async with smtp:
+            auth = smtp.auth_plain if mechanism == "PLAIN" else smtp.auth_login
+            assert (await auth(LOGIN_USER, LOGIN_PASSWORD)).code == 235
+            await smtp.send_message(verification_mail(isolated_mailbox.address))
+
+    asyncio.run(send())
+
+    assert_verification_mail(isolated_mailbox.wait_for(subject=SUBJECT, timeout=10))
+
+
+def test_django_smtp_backend_with_a_login_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """A project whose settings keep its relay's login: Django logs in, as in production."""
+    import django  # noqa: PLC0415 - configured below, only for this test
+    from django.conf import settings  # noqa: PLC0415
+    from django.core.mail import EmailMessage as DjangoMessage  # noqa: PLC0415
+    from django.test.utils import override_settings  # noqa: PLC0415
+
+    django_settings = copy.deepcopy(mailbox_server.settings["django"])
+    if django.VERSION >= (6, 1):
+        for mailer in django_settings["MAILERS"].values():
+            mailer["OPTIONS"].update(username=LOGIN_USER, password=LOGIN_PASSWORD)
+    else:
+        django_settings.update(EMAIL_HOST_USER=LOGIN_USER, EMAIL_HOST_PASSWORD=LOGIN_PASSWORD)
+    if not settings.configured:
+        settings.configure()
+    with override_settings(**django_settings):
+        mail = DjangoMessage(SUBJECT, TEXT, SENDER, [isolated_mailbox.address])
+        assert mail.send() == 1
+
+    assert isolated_mailbox.wait_for(sender=SENDER, timeout=10).subject == SUBJECT
+
+
+def test_flask_mail_with_a_login_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    from flask import Flask  # noqa: PLC0415 - only this test needs Flask
+    from flask_mail import Mail, Message  # noqa: PLC0415
+
+    app = Flask(__name__)
+    app.config.update(
+        MAIL_SERVER=mailbox_server.host,
+        MAIL_PORT=mailbox_server.port,
+        MAIL_USERNAME=LOGIN_USER,
+        MAIL_PASSWORD=LOGIN_PASSWORD,
+        MAIL_SUPPRESS_SEND=False,
+        MAIL_DEFAULT_SENDER=SENDER,
+    )
+    mail = Mail(app)
+    with app.app_context():
+        mail.send(Message(SUBJECT, recipients=[isolated_mailbox.address], body=TEXT))
+
+    assert isolated_mailbox.wait_for(sender=SENDER, timeout=10).subject == SUBJECT
+
+
+def test_fastapi_mail_with_credentials_is_delivered(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import email_validator  # noqa: PLC0415 - fastapi-mail's validator
+    from fastapi_mail import ConnectionConfig, FastMail, MessageSchema  # noqa: PLC0415
+
+    monkeypatch.setattr(email_validator, "TEST_ENVIRONMENT", True)  # takes .test addresses
+    config = ConnectionConfig(
+        MAIL_SERVER=mailbox_server.host,
+        MAIL_PORT=mailbox_server.port,
+        MAIL_STARTTLS=False,
+        MAIL_SSL_TLS=False,
+        USE_CREDENTIALS=True,
+        MAIL_USERNAME=LOGIN_USER,
+        MAIL_PASSWORD=LOGIN_PASSWORD,
+        MAIL_FROM=SENDER,
+    )
+    message = MessageSchema(
+        subject=SUBJECT, recipients=[isolated_mailbox.address], body=TEXT, subtype="plain"
+    )
+    asyncio.run(FastMail(config).send_message(message))
+
+    assert isolated_mailbox.wait_for(sender=SENDER, timeout=10).subject == SUBJECT
 
 
 def test_two_envelope_recipients_get_one_copy_each(
