@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import gc
 import html
@@ -135,6 +136,62 @@ def test_user_suite_leaves_one_receipt_per_test(pytester: pytest.Pytester, worke
     assert sorted(json.loads(line)["run_id"] for line in lines) == sorted(
         r.run_id for _, rs in cases.values() for r in rs
     )
+
+
+LOGIN_USER = "tok-Vq3Nw8Rz"
+LOGIN_PASSWORD = "pw-Zq8vT4nW2xKp9LmR"
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_an_app_that_logs_in_gets_its_mail_and_its_login_is_written_nowhere(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The app keeps its relay's login: it logs in to the sink, and its mail reaches the
+    test's mailbox. Neither the password nor the user name (a token, for some relays) is in
+    the run's output, at DEBUG, its receipts, its JUnit XML or the store's files."""
+    pytester.makepyfile(
+        f"""
+        import smtplib
+        from email.message import EmailMessage
+        from pathlib import Path
+
+        def test_signup(mailbox_server, isolated_mailbox):
+            msg = EmailMessage()
+            msg["From"] = "noreply@app.example.test"
+            msg["To"] = isolated_mailbox.address
+            msg["Subject"] = "Welcome"
+            msg.set_content("Open https://app.example.test/verify?token=s3cr3t-t0ken-value")
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                smtp.login({LOGIN_USER!r}, {LOGIN_PASSWORD!r})
+                smtp.send_message(msg)
+            isolated_mailbox.wait_for(subject="Welcome", timeout=10).ack()
+            Path("store.txt").write_text(str(isolated_mailbox.store.path))
+        """
+    )
+    result = pytester.runpytest(
+        "-n", workers, "-vv", "-rA", "--log-level=DEBUG",
+        "--junitxml=junit.xml", "--mailbox-receipts=receipts.jsonl",
+    )  # fmt: skip
+
+    result.assert_outcomes(passed=1)
+    assert "Using builtin auth_ hook for 'PLAIN'" in result.stdout.str()  # DEBUG is shown
+    store = Path((pytester.path / "store.txt").read_text())
+    written = {
+        "output": (result.stdout.str() + result.stderr.str()).encode(),
+        "junit": (pytester.path / "junit.xml").read_bytes(),
+        "receipts": (pytester.path / "receipts.jsonl").read_bytes(),
+        **{p.name: p.read_bytes() for p in store.parent.glob(f"{store.name}*")},
+    }
+    stored = b"".join(content for name, content in written.items() if name.startswith(store.name))
+    assert b"Subject: Welcome" in stored  # the store's bytes are read, the message is there
+    secrets = [
+        LOGIN_USER.encode(),
+        LOGIN_PASSWORD.encode(),
+        base64.b64encode(f"\0{LOGIN_USER}\0{LOGIN_PASSWORD}".encode()),
+    ]
+    for where, content in written.items():
+        for secret in secrets:
+            assert secret not in content, where
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
