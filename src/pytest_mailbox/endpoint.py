@@ -201,7 +201,8 @@ class SmtpEndpoint:
                 "MAIL_SUPPRESS_SEND": False,
                 "MAIL_USE_TLS": False,
                 "MAIL_USE_SSL": False,
-                # No login: the sink offers no AUTH, and Flask-Mail logs in when both are set.
+                # No login: the sink takes any, but an app's production password is not
+                # sent in clear to it (Flask-Mail logs in when both are set).
                 "MAIL_USERNAME": None,
                 "MAIL_PASSWORD": None,
             },
