@@ -76,9 +76,12 @@ def assert_delivered_whole(msg: ClaimedMessage, mailbox: Mailbox) -> None:
     assert _attachments(msg.raw) == [ATTACHMENT]
 
 
+@pytest.mark.parametrize("login", [None, "PLAIN", "LOGIN"], ids=["no-login", "plain", "login"])
 def test_nodemailer_multipart_mail_is_claimed(
-    mailbox_server: MailSink, isolated_mailbox: Mailbox
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, login: str | None
 ) -> None:
+    """Also logged in, with either mechanism: nodemailer takes any ``334`` challenge, and
+    an app's transport keeps its relay's ``auth``."""
     node = _require(
         "node",
         "install Node.js (apt-get install nodejs; .ci/run does it), then `make node-deps`",
@@ -104,6 +107,8 @@ def test_nodemailer_multipart_mail_is_claimed(
             "base64": base64.b64encode(content).decode(),
         },
     }
+    if login is not None:
+        spec.update(auth={"user": "apikey", "pass": "SG.pw-Zq8vT4nW2xKp9LmR"}, authMethod=login)
     isolated_mailbox.checkpoint()
 
     sent = _run(
@@ -111,7 +116,11 @@ def test_nodemailer_multipart_mail_is_claimed(
         env={**os.environ, "NODE_PATH": str(NODE_MODULES)},
     )
 
-    assert json.loads(sent) == {"accepted": [isolated_mailbox.address], "rejected": []}
+    assert json.loads(sent) == {
+        "accepted": [isolated_mailbox.address],
+        "rejected": [],
+        "loggedIn": login is not None,
+    }
     msg = isolated_mailbox.wait_for(subject=SUBJECT, timeout=10)
     assert_delivered_whole(msg, isolated_mailbox)
     msg.ack()
