@@ -1241,7 +1241,7 @@ def test_auth_plain_and_login_are_offered_in_clear_and_any_login_is_taken(
             id="password-in-clear",
         ),
         pytest.param(
-            [b"AUTH PLAIN", b"QUFB" * 1500],
+            [b"AUTH PLAIN", b"QUFB" * 2**18],  # 1 MiB: more than one read
             b"500 5.5.6 Authentication exchange line is too long",
             id="response-too-long",
         ),
