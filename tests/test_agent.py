@@ -1510,6 +1510,78 @@ def test_a_tag_that_looks_like_a_token_is_masked_as_the_python_api_masks_it(
 
 
 @TAGGED
+def test_a_wait_or_claim_by_tag_lists_the_mail_it_passed_over_as_wait_for_does(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """Mail that came to another address of the mailbox is a near miss, with wait_for's
+    reason for it, masked as wait_for masks it: the agent was told only 'no message with a
+    link yet', and polled its reads away on a tag it had spelt wrong."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    token = "Kx7pQ2mZr9TbW4nYv8Ls"
+    app.signup(isolated_mailbox.tagged("friend"))
+    app.signup(isolated_mailbox.tagged(token))
+    friends, reply = [m.message_id for m in mailbox_store.messages(own)]
+    shown = "\u2022" * 18 + "ls"
+    with pytest.raises(WaitTimeout) as python:
+        isolated_mailbox.wait_for(tag="", timeout=0)
+    near = [
+        {
+            "message_id": friends,
+            "reason": "its tag is 'friend', not none (sent to the alias alone)",
+        },
+        {
+            "message_id": reply,
+            "reason": f"its tag is '{shown}', not none (sent to the alias alone)",
+        },
+    ]
+    for miss in near:  # the Python API's words, each
+        assert f"{miss['message_id']} 'Verify your e-mail address': {miss['reason']}" in str(
+            python.value
+        )
+    passed = "2 message(s) of this mailbox do not match the selector (near_misses: why each)"
+    waited = tools.call(
+        "wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0, "tag": ""}
+    )
+    assert waited["status"] == "waiting"
+    assert waited["reason"] == f"no message with a link yet; {passed}"
+    assert waited["near_misses"] == near
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {"tag": ""}})
+    assert claimed["status"] == "waiting"
+    assert claimed["reason"] == f"no message matches yet; {passed}"
+    assert claimed["near_misses"] == near
+    # a subject the claim's selector passes over, quoted as wait_for quotes it
+    by_subject = tools.call(
+        "claim_message", {"fixture_id": own, "selector": {"subject_contains": "Welcome"}}
+    )
+    assert [m["reason"] for m in by_subject["near_misses"]] == [
+        "subject does not contain 'Welcome'"
+    ] * 2
+    # the tag it meant finds the mail; mail consumed or from before a checkpoint is no miss
+    taken = tools.call("claim_message", {"fixture_id": own, "selector": {"tag": "friend"}})
+    assert (
+        tools.call(
+            "ack_message", {"fixture_id": own, "message_id": friends, "fence": taken["fence"]}
+        )["status"]
+        == "consumed"
+    )
+    assert (
+        tools.call("claim_message", {"fixture_id": own, "selector": {"tag": ""}})["near_misses"]
+        == near[1:]
+    )
+    isolated_mailbox.checkpoint()
+    assert "near_misses" not in tools.call(
+        "claim_message", {"fixture_id": own, "selector": {"tag": ""}}
+    )
+    assert [e.reason for e in tools.evidence()][:2] == [
+        f"no message with a link yet; {passed}",
+        f"no message matches yet; {passed}",
+    ]
+    text = json.dumps([waited, claimed, trail(isolated_mailbox)])
+    assert token.lower() not in text.lower()
+
+
+@TAGGED
 def test_reserve_mailbox_with_a_tag_answers_the_address_tagged_gives(
     isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
 ) -> None:
@@ -2470,12 +2542,18 @@ def test_mcp_server_publishes_the_tag_and_an_agent_claims_the_friends_mail_by_it
                 ("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 5, "tag": ""}),
                 ("claim_message", {"fixture_id": own, "selector": {"tag": "friend"}}),
                 ("claim_message", {"fixture_id": own, "selector": {"tag": "no space"}}),
+                ("wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 0, "tag": "x"}),
             ]:
                 result = await client.call_tool(name, arguments)
                 answers.append(dict(result.structured_content or {}))
             return listed, answers
 
-    listed, (waited, claimed, rejected) = asyncio.run(session())
+    listed, (waited, claimed, rejected, missed) = asyncio.run(session())
+    # the near misses, as the outputSchema the client checks the answer against says them
+    assert missed["near_misses"] == [
+        {"message_id": friends, "reason": "its tag is 'friend', not 'x'"},
+        {"message_id": copy, "reason": "its tag is none (sent to the alias alone), not 'x'"},
+    ]
 
     tag = listed["wait_for_message"]["properties"]["tag"]
     assert tag == listed["claim_message"]["properties"]["selector"]["properties"]["tag"]

@@ -345,6 +345,20 @@ _STOP = NextAction(do="stop")
 _FIX = NextAction(do="fix_arguments")
 
 
+#: The most near misses an answer lists (``reason`` counts them all): answers stay small.
+MAX_NEAR_MISSES = 10
+
+
+class NearMiss(BaseModel):
+    """A message of this mailbox that a wait or claim with a selector passed over, and why:
+    ``wait_for``'s near misses, masked as they are. Never its content."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message_id: str
+    reason: str
+
+
 class Answer(BaseModel):
     """What every tool call returns: small, structured and secret-free."""
 
@@ -380,6 +394,7 @@ class Answer(BaseModel):
     link: str | None = None
     fence: int | None = None
     lease_ms: int | None = None
+    near_misses: list[NearMiss] | None = None
     next_action: NextAction
 
 
@@ -971,6 +986,11 @@ class AgentTools:
             answer = self._affordable(self._decide(name, arguments, call))
             if answer.reason is not None:  # it may quote the agent: "there is no tool …"
                 answer = answer.model_copy(update={"reason": call.hide(answer.reason)})
+            if answer.near_misses:  # a selector's words, quoted as wait_for quotes them
+                near = [
+                    m.model_copy(update={"reason": call.hide(m.reason)}) for m in answer.near_misses
+                ]
+                answer = answer.model_copy(update={"near_misses": near})
             if self.contract.mode == "dry-run":
                 answer = answer.model_copy(update={"dry_run": True})
             if cancelled is not None and cancelled.is_set():
@@ -1491,7 +1511,15 @@ class AgentTools:
                 waiting += f"; {len(without)} message(s) arrived with {_NONE_OF[args.kind]}"
             if unread:
                 waiting += f"; {left}"
-            return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
+            near = self._near_misses(Selector(tag=args.tag))
+            if near:  # mail to another address of this mailbox: the tag, most likely
+                waiting += f"; {self._passed_over(near)}"
+            return self._reply(
+                Status.WAITING,
+                _poll("wait_for_message"),
+                waiting,
+                near_misses=near[:MAX_NEAR_MISSES] or None,
+            )
         if unread and len(offered) == 1:  # one of several, maybe: never a guess
             waiting = f"one message carries a {args.kind} so far; {left}"
             return self._reply(Status.WAITING, _poll("wait_for_message"), waiting)
@@ -1506,6 +1534,29 @@ class AgentTools:
             kind=args.kind,
             received_at=utc(row.received_at),
             **(self._link(message) if args.kind == "link" else {}),
+        )
+
+    def _near_misses(self, selector: Selector) -> list[NearMiss]:
+        """This mailbox's mail that ``selector`` passes over, with ``wait_for``'s reason for
+        each (another tag, another subject), as its timeout lists its near misses. Not mail
+        from before the checkpoint nor another run's (never offered; never another run's
+        id), nor mail consumed already: what the agent could take but for its selector."""
+        mailbox = self.mailbox
+        near: list[NearMiss] = []
+        for row in mailbox.store.messages(mailbox.mailbox_id):
+            if row.state == Status.CONSUMED.value or mailbox._origin_reason(row, Selector()):
+                continue
+            reason = mailbox._content_reason(row, selector)
+            if reason is not None:
+                near.append(NearMiss(message_id=row.message_id, reason=reason))
+        return near
+
+    @staticmethod
+    def _passed_over(near: list[NearMiss]) -> str:
+        listed = "" if len(near) <= MAX_NEAR_MISSES else f", the first {MAX_NEAR_MISSES}"
+        return (
+            f"{len(near)} message(s) of this mailbox do not match the selector "
+            f"(near_misses{listed}: why each)"
         )
 
     def _carries(self, message: Message, kind: str) -> bool:
@@ -1647,6 +1698,11 @@ class AgentTools:
             then = NextAction(do="fix_arguments", tool=tool.name)
         if status is Status.AMBIGUOUS:
             ids["message_ids"] = [str(i) for i in result.get("message_ids", [])]
+        if status is Status.WAITING and isinstance(args, MessageSelector):  # a claim by selector
+            near = self._near_misses(self.mailbox._selector(args.fields()))
+            if near:  # as wait_for's timeout lists them, each with its reason
+                reason = f"{reason}; {self._passed_over(near)}"
+                ids["near_misses"] = near[:MAX_NEAR_MISSES]
         return self._reply(
             status if status in _REFUSALS else Status.PROVIDER_ERROR, then, reason, **ids
         )
