@@ -1626,6 +1626,60 @@ def test_reserve_mailbox_with_a_tag_answers_the_address_tagged_gives(
     assert reserve("t" * room)["status"] == "reserved"
 
 
+@pytest.mark.email_contract(
+    purpose="signup", ttl=120, lease=30, link_domains=[APP], max_reads=10, max_resends=3
+)
+def test_request_resend_with_a_tag_sends_to_the_address_reserve_mailbox_gave_for_it(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """The friend's invitation is sent again to the friend: ``resend`` was given the
+    mailbox's own address whatever the agent reserved, so the new mail went to the
+    inviter and a wait by the friend's tag never saw it."""
+    tools = isolated_mailbox.agent_tools(resend=app.signup)
+    own = isolated_mailbox.mailbox_id
+    friend = tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60, "tag": "friend"})
+    app.signup(friend["address"])  # lost, say: the agent asks for it again
+    resent = tools.call("request_resend", {"fixture_id": own, "tag": "Friend"})
+    assert (resent["status"], resent["attempt"]) == ("waiting", 1)
+    assert [s["address"] for s in app.sent] == [isolated_mailbox.tagged("friend")] * 2
+    wait = {"fixture_id": own, "kind": "link", "timeout": 10, "tag": "friend"}
+    found = tools.call("wait_for_message", wait)
+    assert found["status"] == "waiting"  # the new one: the first predates the resend
+    assert [m.tag for m in mailbox_store.messages(own)] == ["friend", "friend"]
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {"tag": "friend"}})
+    assert claimed["message_id"] == found["message_id"]
+    assert tools.reveal(claimed["message_id"], domain=APP) == app.sent[1]["link"]
+    # without a tag, the address itself, as before
+    assert tools.call("request_resend", {"fixture_id": own})["status"] == "waiting"
+    assert app.sent[2]["address"] == isolated_mailbox.address
+    assert [e.arguments for e in tools.evidence() if e.tool == "request_resend"] == [
+        {"fixture_id": own, "tag": "friend"},
+        {"fixture_id": own, "tag": None},
+    ]
+
+    # refused in tagged()'s words, as reserve_mailbox is, and no resend is spent on it
+    room = 64 - len(isolated_mailbox.alias) - 1
+    for bad, status, problem in [
+        ("a b", "rejected", f"invalid arguments for request_resend: tag: {NO_TAG[:40]}"),
+        (
+            "t" * (room + 1),
+            "policy_denied",
+            f"tag: a plus-tag of at most {room} characters beside the alias "
+            f"{isolated_mailbox.alias}",
+        ),
+    ]:
+        refused = tools.call("request_resend", {"fixture_id": own, "tag": bad})
+        assert refused["status"] == status
+        assert refused["reason"].startswith(problem)
+        assert refused["next_action"] == {"do": "fix_arguments", "tool": "request_resend"}
+    assert len(app.sent) == 3
+    with pytest.raises(ContractError):
+        isolated_mailbox.tagged("t" * (room + 1))
+    last = tools.call("request_resend", {"fixture_id": own, "tag": "t" * room})
+    assert (last["status"], last["attempt"]) == ("waiting", 3)  # the refused spent none
+    assert app.sent[3]["address"] == isolated_mailbox.tagged("t" * room)
+
+
 @pytest.mark.email_contract(purpose="signup", mode="dry-run", max_reads=2)
 def test_dry_run_answers_what_would_happen_and_touches_nothing(
     isolated_mailbox: Mailbox, mailbox_store: Store
@@ -2106,7 +2160,7 @@ def test_a_counted_call_that_never_returned_is_evidence_as_unfinished(
     unfinished = {
         "tool_call_id": "rs1",
         "tool": "request_resend",
-        "arguments": {"fixture_id": own},
+        "arguments": {"fixture_id": own, "tag": None},
         "steps": ["proposed", "allowed"],
         "status": "unfinished",
         "reason": "the call had not returned when this evidence was read: still running, or "

@@ -314,10 +314,18 @@ class ReleaseMailbox(_Arguments):
     )
 
 
-class RequestResend(_Arguments):
-    """Ask the app to send its mail again; later waits only see the new mail."""
+class RequestResend(_Tagged):
+    """Ask the app to send its mail again; later waits only see the new mail. With a tag,
+    to the address reserve_mailbox gave for it (alias+tag@domain): a friend's invitation."""
+
+    _selects: ClassVar[bool] = False
 
     fixture_id: FixtureId
+    tag: str | None = Field(
+        default=None,
+        pattern=f"^{_TAG_CHAR}{{1,64}}$",
+        description="The plus-tag of the address to send to again; null for the first.",
+    )
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -1317,10 +1325,10 @@ class AgentTools:
             problem = f"this run's mailbox is for purpose {self.mailbox.purpose!r}"
         elif isinstance(args, ReserveMailbox) and args.ttl > self.ttl_max:
             problem = f"ttl exceeds this run's maximum of {self.ttl_max} seconds"
-        elif isinstance(args, ReserveMailbox) and (
+        elif isinstance(args, ReserveMailbox | RequestResend) and (
             room := args.tag and self.mailbox._room_problem(args.tag)
         ):
-            problem = f"tag: {room}"  # RFC 5321's 64-octet local part
+            problem = f"tag: {room}"  # RFC 5321's 64-octet local part; no resend spent
         elif isinstance(args, ClaimMessage) and (args.lease or 0) > self.contract.lease:
             problem = f"lease exceeds the contract's {self.contract.lease:g} seconds"
         if problem is None:
@@ -1454,12 +1462,15 @@ class AgentTools:
         if isinstance(args, ReserveMailbox):
             return self._done(tool, address=self._address(args))
         assert self._resend is not None
+        assert isinstance(args, RequestResend)
+        address = self._address(args)  # with a tag, the address reserve_mailbox gave for it
         mailbox.checkpoint()  # later waits consider only mail sent from now on
-        self._resend(mailbox.address)
+        self._resend(address)
         return self._done(tool)
 
-    def _address(self, args: ReserveMailbox) -> str:
-        """The address ``reserve_mailbox`` answers: with a tag, ``Mailbox.tagged``'s."""
+    def _address(self, args: ReserveMailbox | RequestResend) -> str:
+        """The address ``reserve_mailbox`` answers, and ``request_resend`` sends to: with a
+        tag, ``Mailbox.tagged``'s."""
         return self.mailbox.address if args.tag is None else self.mailbox.tagged(args.tag)
 
     def _wait(
