@@ -728,6 +728,36 @@ def test_no_answer_points_to_a_call_that_the_budget_would_refuse(
     assert [e.reason for e in isolated_mailbox.receipt().evidence or []][2] == spent
 
 
+def test_an_agent_may_ask_for_any_lease_up_to_the_contracts_as_the_python_api_may(
+    mailbox_store: Store, isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A contract's lease may be up to its ttl (mailbox_ttl_max goes up to 86400 s), and
+    wait_for(lease=) takes any: the tool's schema refused a lease above 3600 s, in
+    pydantic's words, while a null lease got the contract's 5400."""
+    contract = EmailContract(purpose="signup", ttl=7200, lease=5400, link_domains=(APP,))
+    box = Mailbox.reserve(
+        mailbox_store, contract=contract, domain=isolated_mailbox.domain, ttl_max=7200
+    )
+    tools = box.agent_tools()
+    own = box.mailbox_id
+    app.signup(box.address)
+    before = mailbox_store.clock()
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}, "lease": 4800})
+    after = mailbox_store.clock()
+    assert claimed["status"] == "claimed", claimed
+    row = mailbox_store.message(claimed["message_id"])
+    assert row is not None
+    assert row.lease_until is not None
+    assert before + 4800 <= row.lease_until <= after + 4800
+    assert tools.call("claim_message", {"fixture_id": own, "selector": {}, "lease": 5401}) == {
+        "status": "policy_denied",
+        "reason": "lease exceeds the contract's 5400 seconds",
+        "fixture_id": own,
+        "next_action": {"do": "fix_arguments", "tool": "claim_message"},
+    }
+    box.release()
+
+
 @SIGNUP
 def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
     isolated_mailbox: Mailbox, mailbox_store: Store

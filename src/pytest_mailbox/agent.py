@@ -289,9 +289,9 @@ class ClaimMessage(_Arguments):
     lease: float | None = Field(
         default=None,
         gt=0,
-        le=3600,
+        le=86400,  # mailbox_ttl_max's most: the contract's lease (the policy's cap) is no more
         allow_inf_nan=False,
-        description="Lease in seconds; null for the default.",
+        description="Lease in seconds, at most the contract's; null for the contract's.",
     )
 
 
