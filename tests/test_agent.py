@@ -1569,7 +1569,7 @@ def test_a_wait_or_claim_by_tag_lists_the_mail_it_passed_over_as_wait_for_does(
         assert f"{miss['message_id']} 'Verify your e-mail address': {miss['reason']}" in str(
             python.value
         )
-    passed = "2 message(s) of this mailbox do not match the selector (near_misses: why each)"
+    passed = "2 message(s) of this mailbox passed over (near_misses: why each)"
     waited = tools.call(
         "wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0, "tag": ""}
     )
@@ -1609,6 +1609,80 @@ def test_a_wait_or_claim_by_tag_lists_the_mail_it_passed_over_as_wait_for_does(
     ]
     text = json.dumps([waited, claimed, trail(isolated_mailbox)])
     assert token.lower() not in text.lower()
+
+
+@TAGGED
+def test_an_answer_lists_at_most_max_near_misses_and_counts_them_all(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    for _ in range(agent_module.MAX_NEAR_MISSES + 1):
+        app.welcome(isolated_mailbox.tagged("friend"))
+    ids = [m.message_id for m in mailbox_store.messages(own)]
+    waited = tools.call(
+        "wait_for_message", {"fixture_id": own, "kind": "code", "timeout": 0, "tag": ""}
+    )
+    assert waited["reason"] == (
+        f"no message with a code yet; {len(ids)} message(s) of this mailbox passed over "
+        f"(near_misses, the first {agent_module.MAX_NEAR_MISSES}: why each)"
+    )
+    assert [m["message_id"] for m in waited["near_misses"]] == ids[:-1]
+
+
+@TAGGED
+def test_a_wait_for_mail_held_by_a_claim_says_whose_as_wait_for_does(
+    isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp
+) -> None:
+    """An agent that waits again for the message it (or the test) holds was told 'no
+    message with a link yet', and polled its reads away; wait_for says it is claimed."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+    app.signup(isolated_mailbox.address)
+    taken = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+    mine = tools.call("wait_for_message", wait)
+    assert mine["status"] == "waiting"
+    assert mine["reason"] == (
+        "no message with a link yet; 1 message(s) of this mailbox passed over "
+        "(near_misses: why each)"
+    )
+    assert mine["near_misses"] == [
+        {
+            "message_id": taken["message_id"],
+            "reason": "this toolset holds its claim: ack_message it, once used",
+        }
+    ]
+    other = isolated_mailbox.agent_tools()  # another toolset of the run: not its fence
+    assert other.call("wait_for_message", wait)["near_misses"] == [
+        {
+            "message_id": taken["message_id"],
+            "reason": "another holder of this run (the test or another toolset) has it leased",
+        }
+    ]
+    with pytest.raises(WaitTimeout) as python:
+        isolated_mailbox.wait_for(timeout=0)
+    assert f"{taken['message_id']} 'Verify your e-mail address': already claimed by this run" in (
+        str(python.value)
+    )
+    ack = {"fixture_id": own, "message_id": taken["message_id"], "fence": taken["fence"]}
+    assert tools.call("ack_message", ack)["status"] == "consumed"
+    assert "near_misses" not in tools.call("wait_for_message", wait)  # done: no miss
+    # another run's claim: said without its run id, as a refused claim says it
+    app.signup(isolated_mailbox.address)
+    (theirs,) = [m for m in mailbox_store.messages(own) if m.state == "waiting"]
+    mailbox_store.claim(
+        mailbox_id=own,
+        mailbox_fence=isolated_mailbox.fence,
+        message_id=theirs.message_id,
+        holder="r-another-run",
+        lease=20,
+    )
+    held = tools.call("wait_for_message", wait)
+    assert held["near_misses"] == [
+        {"message_id": theirs.message_id, "reason": "another holder has it leased"}
+    ]
+    assert "r-another-run" not in json.dumps(held)
 
 
 @TAGGED

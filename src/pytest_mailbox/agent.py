@@ -1548,16 +1548,25 @@ class AgentTools:
         )
 
     def _near_misses(self, selector: Selector) -> list[NearMiss]:
-        """This mailbox's mail that ``selector`` passes over, with ``wait_for``'s reason for
-        each (another tag, another subject), as its timeout lists its near misses. Not mail
-        from before the checkpoint nor another run's (never offered; never another run's
-        id), nor mail consumed already: what the agent could take but for its selector."""
-        mailbox = self.mailbox
+        """This mailbox's mail that a wait or claim with ``selector`` passed over, with
+        ``wait_for``'s reason for each (another tag, another subject; held by a claim), as
+        its timeout lists its near misses. Not mail from before the checkpoint nor another
+        run's (never offered; never another run's id), nor mail consumed already."""
+        mailbox, now = self.mailbox, self.mailbox.store.clock()
         near: list[NearMiss] = []
         for row in mailbox.store.messages(mailbox.mailbox_id):
             if row.state == Status.CONSUMED.value or mailbox._origin_reason(row, Selector()):
                 continue
             reason = mailbox._content_reason(row, selector)
+            if reason is None and row.leased(now):  # whose claim, never another run's id
+                if row.holder != mailbox.run_id:
+                    reason = "another holder has it leased"
+                elif self._got(row.message_id, row.fence):
+                    reason = "this toolset holds its claim: ack_message it, once used"
+                else:
+                    reason = (
+                        "another holder of this run (the test or another toolset) has it leased"
+                    )
             if reason is not None:
                 near.append(NearMiss(message_id=row.message_id, reason=reason))
         return near
@@ -1565,10 +1574,7 @@ class AgentTools:
     @staticmethod
     def _passed_over(near: list[NearMiss]) -> str:
         listed = "" if len(near) <= MAX_NEAR_MISSES else f", the first {MAX_NEAR_MISSES}"
-        return (
-            f"{len(near)} message(s) of this mailbox do not match the selector "
-            f"(near_misses{listed}: why each)"
-        )
+        return f"{len(near)} message(s) of this mailbox passed over (near_misses{listed}: why each)"
 
     def _carries(self, message: Message, kind: str) -> bool:
         if kind == "link":  # several links on allowed hosts: found all the same
