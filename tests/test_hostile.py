@@ -1291,6 +1291,36 @@ def test_an_auth_exchange_the_sink_cannot_take_gets_one_reply_and_the_session_go
     assert mailbox.wait_for(subject="after", timeout=SAFETY).text.strip() == "hi"
 
 
+@pytest.mark.parametrize(
+    "param",
+    [b"AUTH=<>", b"auth=<>", b"AUTH=" + AUTH_USER.encode(), b"AUTH=app+2Bx@example.test"],
+)
+def test_the_mail_auth_parameter_is_taken_and_dropped(
+    sink: MailSink, client: Client, caplog: pytest.LogCaptureFixture, param: bytes
+) -> None:
+    """RFC 4954 5: a server that offers AUTH and trusts no client parses and discards
+    ``MAIL FROM``'s ``AUTH=`` (sendmail sends it to a server that offers AUTH, Exim once
+    logged in); aiosmtpd refused it with ``555``. The identity, a
+    user name as often as not, is kept nowhere."""
+    caplog.set_level(logging.DEBUG)
+    mailbox = reserve(sink)
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    assert client.cmd(b"AUTH PLAIN " + b64(f"\0{AUTH_USER}\0{AUTH_PASSWORD}")).startswith(b"235")
+
+    assert client.cmd(b"MAIL FROM:<app@example.test> SIZE=40 " + param) == b"250 2.1.0 OK\r\n"
+    assert client.cmd(b"RCPT TO:" + angle(mailbox)).startswith(b"250")
+    assert client.cmd(b"DATA").startswith(b"354")
+    assert client.cmd(b"Subject: auth param\r\n\r\nhi\r\n.").startswith(b"250")
+    assert mailbox.wait_for(subject="auth param", timeout=SAFETY).text.strip() == "hi"
+    assert AUTH_USER not in "\n".join(r.getMessage() for r in caplog.records)
+    # Not an xtext (a bare "+"), and no value: still refused.
+    for bad in (b"AUTH=a+b@example.test", b"AUTH"):
+        assert client.cmd(b"MAIL FROM:<app@example.test> " + bad).startswith(b"5"), bad
+    # After HELO, AUTH is not offered, and MAIL takes no parameter.
+    assert client.cmd(b"HELO client.test").startswith(b"250")
+    assert client.cmd(b"MAIL FROM:<app@example.test> AUTH=<>").startswith(b"501")
+
+
 def test_auth_after_helo_is_not_offered(client: Client) -> None:
     assert client.cmd(b"HELO client.test").startswith(b"250")
     assert client.cmd(b"AUTH PLAIN") == b"500 Error: command 'AUTH' not recognized\r\n"

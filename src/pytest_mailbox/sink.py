@@ -195,6 +195,8 @@ _AUTH_LINE_TOO_LONG = "500 5.5.6 Authentication exchange line is too long"
 _AUTH_CANCELLED = "501 5.7.0 Authentication cancelled"
 _AUTH_NOT_BASE64 = "501 5.5.2 Cannot decode the response: it is not base64"
 _AUTH_IN_TRANSACTION = "503 5.5.1 AUTH is not allowed during a mail transaction"
+#: ``MAIL FROM``'s ``AUTH=`` parameter (RFC 4954 5): ``<>`` or an xtext (RFC 3461 4).
+_MAIL_AUTH_PARAM = re.compile(r"AUTH=(?:[!-*,-<>-~]|\+[0-9A-F]{2})+", re.IGNORECASE)
 
 
 def _any_login(
@@ -603,6 +605,29 @@ class _Protocol(SMTP):
         if not await self._out_of_sync("EHLO"):
             self.command_size_limits.clear()
             await super().smtp_EHLO(hostname)
+
+    @syntax("MAIL FROM: <address>", extended=" [SP <mail-parameters>]")
+    async def smtp_MAIL(self, arg: str | None) -> None:  # noqa: N802 - aiosmtpd command name
+        """aiosmtpd's MAIL, with RFC 4954 5's ``AUTH=`` parameter parsed and dropped, as a
+        server that trusts no client's identity does: it is neither kept nor logged (it names
+        the login, often the user name). aiosmtpd refused it with ``555``, and the sink
+        offers AUTH: sendmail sends it to a server that does, Exim once logged in."""
+        extended = self.session is not None and self.session.extended_smtp  # AUTH offered
+        if extended and arg is not None and "AUTH=" in arg.upper():
+            arg = self._without_auth_param(arg)
+        await super().smtp_MAIL(arg)
+
+    def _without_auth_param(self, arg: str) -> str:
+        """``arg`` of MAIL without its well-formed ``AUTH=`` parameters, found after the
+        address as aiosmtpd finds the others (an address may hold ``AUTH=`` when quoted)."""
+        address = self._strip_command_keyword("FROM:", arg)
+        if not address:
+            return arg
+        path, params = self._getaddr(address)
+        if not path or not params:
+            return arg
+        kept = [p for p in params.split() if not _MAIL_AUTH_PARAM.fullmatch(p)]
+        return arg[: len(arg) - len(params)].rstrip() + "".join(" " + p for p in kept)
 
     @syntax("AUTH <mechanism>")
     async def smtp_AUTH(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
