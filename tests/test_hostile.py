@@ -1321,6 +1321,29 @@ def test_the_mail_auth_parameter_is_taken_and_dropped(
     assert client.cmd(b"MAIL FROM:<app@example.test> AUTH=<>").startswith(b"501")
 
 
+@pytest.mark.parametrize(
+    "exchange",
+    [
+        [b"AUTH plain\t" + b64(f"\0{AUTH_USER}\0{AUTH_PASSWORD}")],
+        [b"auth Plain", b64(f"\0{AUTH_USER}\0{AUTH_PASSWORD}")],
+        [b"AUTH login", b64(AUTH_USER), b64(AUTH_PASSWORD)],
+        [b"AUTH login " + b64(AUTH_USER), b64(AUTH_PASSWORD)],  # .NET's SmtpClient
+    ],
+    ids=["plain-initial", "plain", "login", "login-initial"],
+)
+def test_an_auth_mechanism_is_taken_in_any_case(
+    sink: MailSink, client: Client, exchange: list[bytes]
+) -> None:
+    """RFC 4954 7: mechanism names are case-insensitive, and implementations MUST take
+    them so; aiosmtpd answered ``504`` to ``AUTH plain``. .NET's ``System.Net.Mail``
+    ``SmtpClient`` sends ``AUTH login <user>`` (aio-libs/aiosmtpd#542)."""
+    assert client.cmd(b"EHLO client.test").startswith(b"250")
+    replies = [client.cmd(line) for line in exchange]
+
+    assert replies[-1] == b"235 2.7.0 Authentication successful\r\n"
+    assert all(reply.startswith(b"334 ") for reply in replies[:-1])
+
+
 def test_auth_after_helo_is_not_offered(client: Client) -> None:
     assert client.cmd(b"HELO client.test").startswith(b"250")
     assert client.cmd(b"AUTH PLAIN") == b"500 Error: command 'AUTH' not recognized\r\n"

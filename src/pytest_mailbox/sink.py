@@ -632,10 +632,15 @@ class _Protocol(SMTP):
     @syntax("AUTH <mechanism>")
     async def smtp_AUTH(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
         """aiosmtpd's AUTH (PLAIN, LOGIN; any login taken), refused during a mail transaction
-        as RFC 4954 4 requires (aiosmtpd took it between MAIL and DATA)."""
+        as RFC 4954 4 requires (aiosmtpd took it between MAIL and DATA), and its mechanism
+        taken in any case, as RFC 4954 7 requires (aiosmtpd answered ``504`` to ``plain``)."""
         if self.envelope is not None and self.envelope.mail_from is not None:
             await self.push(_AUTH_IN_TRANSACTION)
             return
+        if arg:
+            mechanism = arg.split(None, 1)[0]  # as aiosmtpd splits it; the rest as it came
+            if mechanism.isascii():  # not "plaın", which str.upper() makes "PLAIN"
+                arg = mechanism.upper() + arg[len(mechanism) :]
         await super().smtp_AUTH(arg)
 
     async def challenge_auth(
