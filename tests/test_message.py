@@ -617,7 +617,8 @@ def test_code_several_distinct_values_are_masked() -> None:
     text = str(info.value)
     assert text.startswith(
         "3 distinct codes match the default pattern (4 to 8 digits outside links, standing "
-        "alone, or glued to a word where none stand alone) in message"
+        "alone, or in groups such as 483 920 or 483-920, or glued to a word where none stand "
+        "alone) in message"
     )
     assert "••••01, ••••13, ••••26" in text
     assert 'pattern=r"code: (\\d{6})"' in text
@@ -657,7 +658,8 @@ def test_code_none_by_default_says_what_it_looked_for_in_words() -> None:
 
     assert str(info.value) == (
         "no code matching the default pattern (4 to 8 digits outside links, standing alone, or "
-        "glued to a word where none stand alone) in the subject or body of message m-1; for a "
+        "in groups such as 483 920 or 483-920, or glued to a word where none stand alone) in "
+        "the subject or body of message m-1; for a "
         "code of another shape pass "
         'pattern=, e.g. r"code: ([A-Z0-9]{6})"'
     )

@@ -3464,3 +3464,33 @@ def test_a_receipt_is_left_whole_where_it_holds_what_the_test_extracted(
     for path in ("junit.xml", "receipts.jsonl"):
         (receipt,) = read_receipts(pytester.path / path)
         assert receipt.nodeid.endswith(".py::test_code[482913]")
+
+
+GROUPED_CODE_SUITE = """
+def test_grouped(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject="Code", body="Your code is 731 604.")
+    msg = isolated_mailbox.wait_for(subject="Code")
+    code = msg.code()
+    print("the mail says", msg.text)
+    assert msg.text == f"Your code is {code}."
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_code_found_in_groups_is_masked_as_the_mail_wrote_it(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """code() returns ``731604`` for a mail's ``731 604``: the report of a test that then
+    showed the mail's text masked the digits it returned, and the code as written was
+    in clear in the assertion's diff, the captured output and JUnit."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(GROUPED_CODE_SUITE)
+
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["the mail says Your code is •••••04."])
+    junit = (pytester.path / "junit.xml").read_text()
+    for text in ("\n".join(result.outlines + result.errlines), junit):
+        assert "731604" not in text
+        assert "731 604" not in text

@@ -352,3 +352,34 @@ def test_a_code_in_the_html_beside_a_stub_text_part_is_found(
     assert msg.code() == "482913"
     assert msg.code(pattern=r"code=(\d+)") == "482913"  # in the HTML's link
     assert msg.body_text == text  # what selectors search is still the text part
+
+
+@pytest.mark.parametrize(
+    ("shown", "html"),
+    [
+        ("483 920", "<p>Your code is</p><p style='letter-spacing:4px'>483&nbsp;920</p>"),
+        ("483-920", "<p>Your code is <b>483-920</b></p>"),
+        ("483\N{NO-BREAK SPACE}920", "<p>Your code is <b>483&nbsp;920</b></p>"),
+        ("48 39 20", "<p>Your code is <b>48 39 20</b></p>"),
+    ],
+)
+def test_a_code_written_in_groups_is_the_code_as_its_form_takes_it(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, shown: str, html: str
+) -> None:
+    """Sign-in mails write a code in groups to be read (``483 920``, ``483-920``): code()
+    found no code in them, and a test had to pass pattern= and join the groups itself. Its
+    digits are returned, as a six-digit field takes them; a phone number in the footer,
+    a date, and the mail's order reference (``#555-210``) are no second code."""
+    text = (
+        f"Your verification code is {shown}. It expires in 10 minutes.\n\n"
+        "Order #555-210 placed on 03-12-26.\n"
+        "Questions? Call +1 (555) 010-4477 or 01 23 45 67 89.\n"
+    )
+    send(mailbox_server, isolated_mailbox.address, "Your code", text, html)
+
+    msg = isolated_mailbox.wait_for(subject="Your code", timeout=10)
+
+    assert msg.code() == "483920"
+    send(mailbox_server, isolated_mailbox.address, "Two codes", f"{text}Old code: 112 358\n")
+    with pytest.raises(ExtractionError, match="2 distinct codes"):
+        isolated_mailbox.wait_for(subject="Two codes", timeout=10).code()

@@ -43,13 +43,26 @@ __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "r
 #: (``Message.code``): a link's token holds digit runs at random.
 DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])(?<!\d[-.])\d{4,8}(?![\dA-Za-z_])(?![-.]\d)"
 _DEFAULT_CODE_SHOWN = (
-    "the default pattern (4 to 8 digits outside links, standing alone, or glued to a word "
-    "where none stand alone)"
+    "the default pattern (4 to 8 digits outside links, standing alone, or in groups such "
+    "as 483 920 or 483-920, or glued to a word where none stand alone)"
 )
 #: Looked for only when the default finds nothing: four to eight digits not touching other
 #: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
 #: reads ``Code482913``). Outside links, and not a part of a longer number, too.
 _GLUED_CODE_PATTERN = r"(?<![\d])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
+#: Looked for only when no code stands alone: a code shown in groups to be read, two of
+#: three digits joined by a space (a no-break or narrow one too) or a dash (``483 920``,
+#: ``483-920``), or three or four of two digits joined by the same space (``48 39 20``).
+#: Not a part of a longer grouping (a phone number's ``555 010 4477``, ``01 23 45 67 89``,
+#: an amount's ``1 483 920``), nor after ``+``, ``#``, ``(`` or ``(555) ``; two-digit groups not
+#: joined by dashes, as a date's are (``03-12-26``). ``code()`` returns its digits.
+_SPACED_CODE = (
+    r"(?<![\dA-Za-z_+#(])(?<![\d)][-.,/:\u2013 \t\u00a0\u202f])"
+    r"(?:\d{3}(?P<joiner>[ \u00a0\u202f]|[-\u2013])\d{3}"
+    r"|\d{2}(?P<space>[ \u00a0\u202f])\d{2}(?:(?P=space)\d{2}){1,2})"
+    r"(?![\dA-Za-z_/\-\u2013]|[.,:]\d|[ \t\u00a0\u202f]+\d)"
+)
+_NOT_DIGIT = re.compile(r"\D")
 
 #: A header value longer than this is not decoded: the standard library's parser takes
 #: time that grows with the square of a value made of encoded words (0.4 MiB of them held
@@ -1627,6 +1640,8 @@ class Message:
         self.seq = seq
         self._on_secret = on_secret
         self._parsed_cache: _Parsed | None = None
+        #: How code() found each code written in groups (``483920``: ``{"483 920"}``).
+        self._written: dict[str, set[str]] = {}
 
     def __repr__(self) -> str:
         # Masked before it is cut (a token cut short is still one), with what this process
@@ -1864,7 +1879,31 @@ class Message:
             hrefs = tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
             values = self._codes(source, hrefs, given=True)
         if not values and pattern is None:
+            values = self._spaced_codes(texts)
+        if not values and pattern is None:
             values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
+        return values
+
+    def _spaced_codes(self, texts: tuple[str, ...]) -> dict[str, None]:
+        """The codes written in groups (``_SPACED_CODE``) in ``texts``, each as its digits
+        (``483920``, what a code's form takes); how each was written is kept, for the
+        test's report to mask that too."""
+        __tracebackhide__ = True
+        values: dict[str, None] = {}
+        for haystack in texts:
+            try:
+                found = regex_finditer(_SPACED_CODE, haystack)
+            except SlowSearch:  # pragma: no cover - not backtracking: a text of numbers
+                msg = (
+                    f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a "
+                    f"text of {len(haystack):,} characters; pass pattern= with what "
+                    'stands around the code, e.g. pattern=r"code: (\\d{6})"'
+                )
+                raise ExtractionError(msg, result={"message_id": self.message_id}) from None
+            for match in found:
+                value = _NOT_DIGIT.sub("", match.group())
+                values.setdefault(value, None)
+                self._written.setdefault(value, set()).add(match.group())
         return values
 
     @cached_property
@@ -1938,6 +1977,8 @@ class Message:
             value = next(iter(values))
             if self._on_secret is not None:
                 self._on_secret("code", value, None)
+                for written in self._written.get(value, ()):  # ``483 920``: masked as well
+                    remember_extracted("code", written)
             return value
         # The default in words: its regular expression tells a reader of the error little.
         shown = _show(source) if pattern is not None else _DEFAULT_CODE_SHOWN
