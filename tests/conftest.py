@@ -21,12 +21,15 @@ from pytest_mailbox.store import Store
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """Inner runs without pytest-asyncio, which warns when its ini option is unset there,
-    and without pytest-randomly where a developer has it: an inner file's tests run in
-    their order (the first sets up what the next one checks)."""
+    without pytest-randomly where a developer has it: an inner file's tests run in
+    their order (the first sets up what the next one checks), and without pytest-retry,
+    which can be configured once a process (a second in-process run is an INTERNALERROR:
+    "no option named 'filtered_exceptions'"); a test of it runs it in a process of its own."""
     run = pytester.runpytest
 
     def runpytest(*args: str | object, **kwargs: object) -> pytest.RunResult:
-        return run("-p", "no:asyncio", "-p", "no:randomly", *args, **kwargs)  # type: ignore[arg-type]
+        blocked = ("-p", "no:asyncio", "-p", "no:randomly", "-p", "no:pytest-retry")
+        return run(*blocked, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(pytester, "runpytest", runpytest)
     return pytester

@@ -3466,6 +3466,40 @@ def test_a_receipt_is_left_whole_where_it_holds_what_the_test_extracted(
         assert receipt.nodeid.endswith(".py::test_code[482913]")
 
 
+RETRIED_SUITE = """
+def test_retried(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject="Code", body="Your code is 731604 ok")
+    code = isolated_mailbox.wait_for(subject="Code").code()
+    print("got", code)
+    assert code == "000000", f"wrong code {code}"
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_code_in_pytest_retrys_reports_and_summary_is_masked(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """pytest-retry (the real one, in a run of its own: it can be configured once a
+    process) wrote each attempt's exception into its terminal summary in clear, and under
+    xdist its report of a retried attempt, and the last attempt's traceback it gives the
+    test's report, reached pytest-html in clear."""
+    pytest.importorskip("pytest_retry")
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(RETRIED_SUITE)
+
+    result = pytester.runpytest_subprocess(
+        "-p", "no:asyncio", "-n", workers, "--retries", "1", "-rA",
+        "--junitxml=junit.xml", "--html=report.html", "--self-contained-html",
+    )  # fmt: skip
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*the following tests were retried*", "*AssertionError: wrong code ••••04"]
+    )
+    for shown in ("\n".join(result.outlines + result.errlines), *_reports(pytester)):
+        assert "731604" not in shown
+
+
 GROUPED_CODE_SUITE = """
 def test_grouped(isolated_mailbox, send):
     send(isolated_mailbox.address, subject="Code", body="Your code is 731 604.")
@@ -3494,3 +3528,10 @@ def test_a_code_found_in_groups_is_masked_as_the_mail_wrote_it(
     for text in ("\n".join(result.outlines + result.errlines), junit):
         assert "731604" not in text
         assert "731 604" not in text
+
+
+def _reports(pytester: pytest.Pytester) -> tuple[str, str]:
+    """The run's JUnit XML and its pytest-html report, with the HTML's escapes undone."""
+    junit = (pytester.path / "junit.xml").read_text()
+    report = html.unescape(html.unescape((pytester.path / "report.html").read_text()))
+    return junit, report

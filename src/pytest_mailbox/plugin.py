@@ -832,15 +832,42 @@ def _teardown_failed(
 
 class _ShownOutput:
     """What pytest shows beyond a test's own report: a subtest's captured output, which it
-    gets after ``pytest_runtest_makereport`` (its traceback was masked there), and the
-    warnings summary; masked before xdist sends them or the terminal shows them."""
+    gets after ``pytest_runtest_makereport`` (its traceback was masked there), a report
+    another plugin made or changed after that hook (pytest-retry's), the warnings summary,
+    and pytest-retry's summary of the attempts it retried; masked before xdist sends them
+    or the terminal shows them."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """pytest-retry reports a failed attempt ("retried") once it has torn the test down,
+        and gives the first attempt's report the last attempt's traceback, which it made
+        without ``pytest_runtest_makereport``: masked again here, where xdist, JUnit and
+        pytest-html take them (masking what is masked changes nothing)."""
         if type(report) is not pytest.TestReport:
             _mask_context(report)
-            if not report.passed or report.sections:
-                _mask_extracted(report)
+        if not report.passed or report.sections:
+            _mask_extracted(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self) -> None:
+        """pytest-retry writes each retried attempt's exception (``AssertionError: wrong
+        code 482913``) into a summary of its own, sent from an xdist worker to the
+        controller as it goes: masked as it is written, in the process that ran the test."""
+        retry = sys.modules.get("pytest_retry.retry_plugin")
+        reporter: Any = getattr(getattr(retry, "retry_manager", None), "reporter", None)
+        record = getattr(reporter, "record_attempt", None)
+        if not callable(record) or reporter in _MASKED_RETRY_REPORTERS:
+            return
+
+        def record_masked(lines: list[str]) -> None:
+            mask = _masker()
+            record(lines if mask is None else [mask(line) for line in lines])
+
+        try:
+            reporter.record_attempt = record_masked
+            _MASKED_RETRY_REPORTERS.add(reporter)
+        except (AttributeError, TypeError):  # pragma: no cover - another pytest-retry
+            return
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_warning_recorded(self, warning_message: warnings.WarningMessage) -> None:
@@ -849,6 +876,11 @@ class _ShownOutput:
         text = str(warning_message.message)
         if mask is not None and (masked := mask(text)) != text:
             warning_message.message = masked  # a str, as xdist sends one
+
+
+#: pytest-retry's reporters whose summary lines are masked (one per process, kept across
+#: in-process runs).
+_MASKED_RETRY_REPORTERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _mask_context(report: pytest.TestReport) -> None:
