@@ -2193,6 +2193,35 @@ def test_receipts_cli_names_a_file_it_cannot_read(
     assert proc.stderr.startswith("usage: python -m pytest_mailbox receipts ")  # its own
 
 
+@pytest.mark.parametrize("kind", ["no-permission", "io-error"])
+def test_receipts_cli_names_a_file_whose_read_fails(tmp_path: Path, kind: str) -> None:
+    """docs/receipts.md: a file it cannot read is refused with exit status 2 and the
+    reason. A file the user may not read, or whose read fails, raised a traceback."""
+    if kind == "no-permission":
+        if os.geteuid() == 0:  # root reads it all the same
+            pytest.skip("root may read a file of mode 000")
+        path = tmp_path / "r.jsonl"
+        path.write_text("")
+        path.chmod(0)
+        reason = "Permission denied"
+    else:
+        path = Path("/proc/self/mem")  # a regular file whose read at offset 0 fails: EIO
+        if not path.is_file():
+            pytest.skip("no /proc/self/mem on this system")
+        reason = "Input/output error"
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith(f"error: {path}: cannot be read ({reason})")
+    assert "Traceback" not in proc.stderr
+
+
 def test_receipts_cli_says_an_unknown_option_with_its_own_usage(tmp_path: Path) -> None:
     (tmp_path / "r.jsonl").write_text("")
     argv = [sys.executable, "-m", "pytest_mailbox", "receipts", str(tmp_path / "r.jsonl")]

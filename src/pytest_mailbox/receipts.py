@@ -142,6 +142,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         except (ValueError, ET.ParseError) as exc:  # ValidationError is a ValueError
             first = str(exc).splitlines()[0]
             show.error(f"{file}: not JUnit XML or pytest-mailbox JSON Lines receipts ({first})")
+        except OSError as exc:  # a file this user may not read, an I/O error
+            show.error(f"{file}: cannot be read ({exc.strerror or exc})")
     chosen = [
         r
         for r in receipts.values()
