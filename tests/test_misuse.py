@@ -131,6 +131,26 @@ def test_help_still_shows_with_a_bad_setting_and_names_it(
     assert pytester.runpytest("--co").ret == pytest.ExitCode.USAGE_ERROR
 
 
+def test_help_says_what_each_option_allows_and_no_empty_default(
+    pytester: pytest.Pytester,
+) -> None:
+    """configuration.md: ``pytest --help`` is where one reads what each setting allows. The
+    options' own lines said it nowhere (only the ini keys', further down), and an option
+    with no default said ``default ''`` beside its help's ``(default: the domain)``."""
+    result = pytester.runpytest("--help")
+
+    assert result.ret == pytest.ExitCode.OK
+    text = "".join(result.stdout.str().split())  # as wrapped at any width, hyphens too
+    for option in OPTIONS:
+        default = f"; default {option.default!r}" if option.default else ""
+        line = (
+            f"{option.flag}={option.name.upper()} {option.help} (allowed: {option.allowed}; "
+            f"ini {option.ini}, env {option.env}{default})"
+        )
+        assert "".join(line.split()) in text, option.flag
+    assert "default''" not in text
+
+
 def test_unknown_mailbox_ini_key_and_env_variable_are_refused() -> None:
     with pytest.raises(
         ValueError, match=r"^unknown ini key 'mailbox_ttll'; pytest-mailbox knows: "

@@ -72,12 +72,16 @@ _contract_key = pytest.StashKey["EmailContract | None"]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mailbox", "pytest-mailbox: an isolated SMTP mailbox per test")
     for option in OPTIONS:
+        # What it allows, here too: --help is where one reads it. An empty default is none
+        # (the help says what stands in for it), not a value of ''.
+        default = f"; default {option.default!r}" if option.default else ""
         group.addoption(
             option.flag,
             dest=f"mailbox_{option.name}",
             default=None,
             metavar=option.name.upper(),
-            help=f"{option.help} (ini {option.ini}, env {option.env}; default {option.default!r})",
+            help=f"{option.help} (allowed: {option.allowed}; ini {option.ini}, env {option.env}"
+            f"{default})",
         )
         parser.addini(
             option.ini, f"{option.help} (allowed: {option.allowed})", _INI_TYPE, default=None

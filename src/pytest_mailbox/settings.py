@@ -212,7 +212,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "receipts",
-        "Write every run's receipt to this JSON Lines file (its folder is made if missing)",
+        "Write every run's receipt to this JSON Lines file (default: none; its folder is made "
+        "if missing)",
         "",
         "a path to a regular file, new or to overwrite (not a directory, device or pipe)",
         _path,
