@@ -2243,7 +2243,12 @@ def test_receipts_cli_says_an_unknown_option_with_its_own_usage(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        ([], "python -m pytest_mailbox: error: the following arguments are required: command"),
+        # the command named, and where to read what it takes ("required: command" named none)
+        (
+            [],
+            "python -m pytest_mailbox: error: give a command: receipts "
+            "(python -m pytest_mailbox receipts --help)",
+        ),
         (["receipts"], "receipts: error: the following arguments are required: FILE"),
         # an option given as --name=value, before the command: said where it goes too
         (
@@ -2270,6 +2275,47 @@ def test_receipts_cli_refuses_an_incomplete_command_line_with_a_usage_error(
     assert proc.stderr.splitlines()[-1].endswith(error)
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_receipts_cli_help_shows_the_options_receipts_md_shows() -> None:
+    """docs/receipts.md writes the command out with each option and its argument; its
+    --help showed --test TEST, and --state with all nine states inline, three lines long."""
+    page = (Path(__file__).parent.parent / "docs" / "receipts.md").read_text(encoding="utf-8")
+    (synopsis,) = re.findall(r"^\$ python -m pytest_mailbox receipts .*$", page, re.MULTILINE)
+    option = re.compile(r"\[(--[a-z]+(?: [A-Z]+)?)\]")
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", "receipts", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    usage = " ".join(proc.stdout.split("\n\n")[0].split())
+    expected = ["--test TEXT", "--state STATE", "--timeline"]
+    assert option.findall(usage) == option.findall(synopsis) == expected
+    assert "FILE [FILE ...]" in usage
+    text = " ".join(proc.stdout.split())
+    assert "FILE A JUnit XML report (pytest --junitxml) or a JSON Lines file" in text
+    assert (
+        "(one of: reserved, waiting, claimed, consumed, released, expired, released_success, "
+        "released_error, expired_timeout)" in text
+    )
+
+
+def test_python_m_pytest_mailbox_help_names_its_command() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    assert proc.stdout.startswith("usage: python -m pytest_mailbox [-h] COMMAND ...\n")
+    text = " ".join(proc.stdout.split())
+    assert "Read back the receipts pytest-mailbox left (docs/receipts.md)." in text
+    assert "receipts Print the receipts in JUnit XML or JSONL files" in text
+    assert "'python -m pytest_mailbox receipts --help' says what the command takes." in text
 
 
 def test_receipts_cli_refuses_an_unknown_state(tmp_path: Path) -> None:

@@ -107,25 +107,45 @@ def format_table(receipts: Iterable[Receipt]) -> str:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """``python -m pytest_mailbox receipts FILE...``: print the receipts as a table."""
     out = out or sys.stdout
-    parser = argparse.ArgumentParser(prog="python -m pytest_mailbox")
-    commands = parser.add_subparsers(dest="command", required=True)
-    show = commands.add_parser("receipts", help="Print the receipts in JUnit XML or JSONL files")
-    show.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    test = show.add_argument(
-        "--test", default="", help="Only runs whose test id contains this text"
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_mailbox",
+        description="Read back the receipts pytest-mailbox left (docs/receipts.md).",
+        epilog="'python -m pytest_mailbox receipts --help' says what the command takes.",
     )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    show = commands.add_parser(
+        "receipts",
+        help="Print the receipts in JUnit XML or JSONL files",
+        description="Print the receipts in JUnit XML or JSON Lines files as a table, one "
+        "row per run; a run found in several files is listed once.",
+    )
+    show.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="A JUnit XML report (pytest --junitxml) or a JSON Lines file of receipts "
+        "(--mailbox-receipts)",
+    )
+    test = show.add_argument(
+        "--test", default="", metavar="TEXT", help="Only runs whose test id contains this text"
+    )
+    states = [*_MAILBOX_STATES, *(r.value for r in CloseReason)]
     state = show.add_argument(
         "--state",
         default="",
-        choices=[*_MAILBOX_STATES, *(r.value for r in CloseReason)],
+        choices=states,
+        metavar="STATE",
         help="Only runs whose mailbox ended in this state or for this close reason, e.g. "
-        "expired or released_error",
+        f"expired or released_error (one of: {', '.join(states)})",
     )
     timeline = show.add_argument(
         "--timeline", action="store_true", help="Print each run's timeline too"
     )
     options = {name for action in (test, state, timeline) for name in action.option_strings}
     args, unknown = parser.parse_known_args(argv)
+    if args.command is None:  # argparse would say "required: COMMAND", naming none
+        parser.error("give a command: receipts (python -m pytest_mailbox receipts --help)")
     if unknown:  # said by the command's parser, so its usage is the one shown
         known = [arg for arg in unknown if arg.split("=", 1)[0] in options]
         hint = f" ({', '.join(known)}: options go after 'receipts')" if known else ""
