@@ -115,3 +115,36 @@ def test_the_exceptions_table_of_the_contract_page_is_what_each_exception_carrie
 )
 def test_each_exception_is_also_the_builtin_a_caller_catches(name: str, builtin: type) -> None:
     assert issubclass(getattr(pytest_mailbox, name), builtin)
+
+
+def test_the_status_vocabulary_the_docs_list_is_the_code_s() -> None:
+    """contract.md's "one vocabulary everywhere" and agents.md's `status` row list every
+    status, in the enum's order; an agent's answer has those and `rejected`. A status
+    added to (or renamed in) ``Status`` or the agent's ``Answer`` changes the pages too."""
+    from typing import get_args  # noqa: PLC0415 - only here
+
+    from pytest_mailbox.agent import Answer, NextAction  # noqa: PLC0415 - pydantic models
+
+    statuses = [status.value for status in Status]
+    contract = (DOCS / "contract.md").read_text(encoding="utf-8")
+    (listed,) = re.findall(r"^One vocabulary everywhere.*?:\n`([a-z_, \n]+)`", contract, re.M)
+    assert [word.strip() for word in listed.split(",")] == statuses
+
+    agents = (DOCS / "agents.md").read_text(encoding="utf-8")
+    (row,) = re.findall(
+        r"^\| `status` \| the contract's vocabulary \((.*?)\) plus (.*?) \|", agents, re.M
+    )
+    answered = get_args(Answer.model_fields["status"].annotation)
+    assert [*re.findall(r"`([a-z_]+)`", row[0]), *re.findall(r"`([a-z_]+)`", row[1])] == list(
+        answered
+    )
+    assert list(answered) == [*statuses, "rejected"]
+
+    (hint,) = re.findall(r"^\| `next_action` \| (.*?) \|$", agents, re.M)
+    assert re.findall(r'\{"do": "([a-z_]+)"', hint) == list(
+        get_args(NextAction.model_fields["do"].annotation)
+    )
+
+    said = contract[contract.index("Close reasons: ") : contract.index("A mailbox\nreleased early")]
+    reasons = dict.fromkeys(re.findall(r"`((?:released|expired)_[a-z]+)`", said))
+    assert list(reasons) == [reason.value for reason in pytest_mailbox.CloseReason]
