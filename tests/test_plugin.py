@@ -868,6 +868,7 @@ def test_native_toml_numbers_are_taken_as_written(pytester: pytest.Pytester) -> 
         mailbox_ttl = 120
         mailbox_lease = 7.5
         mailbox_max_reads = 5.0
+        mailbox_max_resends = 1_0
         mailbox_link_domains = "app.example.test, cdn.example.test"
         """
     )
@@ -877,6 +878,7 @@ def test_native_toml_numbers_are_taken_as_written(pytester: pytest.Pytester) -> 
             assert (email_contract.ttl, email_contract.lease, email_contract.max_reads) == (
                 120, 7.5, 5
             )
+            assert email_contract.max_resends == 10  # TOML's 1_0, as configuration.md says
             assert email_contract.link_domains == ("app.example.test", "cdn.example.test")
         """
     )
