@@ -148,3 +148,35 @@ def test_the_status_vocabulary_the_docs_list_is_the_code_s() -> None:
     said = contract[contract.index("Close reasons: ") : contract.index("A mailbox\nreleased early")]
     reasons = dict.fromkeys(re.findall(r"`((?:released|expired)_[a-z]+)`", said))
     assert list(reasons) == [reason.value for reason in pytest_mailbox.CloseReason]
+
+
+def test_the_limits_table_of_the_security_page_has_the_code_s_defaults() -> None:
+    """docs/security.md lists each limit with its setting and default; a default changed
+    in the code (an option's, a constant's) is changed on the page too."""
+    from aiosmtpd.smtp import SMTP  # noqa: PLC0415 - only here
+
+    from pytest_mailbox import endpoint, sink, store  # noqa: PLC0415
+    from pytest_mailbox.settings import OPTIONS  # noqa: PLC0415
+
+    page = (DOCS / "security.md").read_text(encoding="utf-8")
+    rows = {
+        limit: (setting, default)
+        for limit, setting, default in re.findall(
+            r"^\| ([A-Za-z][^|]*?) \| ([^|]*?) \| ([^|]*?) \|", page, re.MULTILINE
+        )
+    }
+    option = {o.ini: o.default for o in OPTIONS}
+    mib, kib = 1024 * 1024, 1024
+    assert rows["message size"] == ("`mailbox_max_message_size`", "10 MiB")
+    assert int(option["mailbox_max_message_size"]) == 10 * mib
+    assert rows["header section"] == ("fixed (`HEADER_LIMIT`)", "256 KiB")
+    assert 256 * kib == sink.HEADER_LIMIT
+    assert rows["recipients per message"] == ("`mailbox_max_recipients`", "100")
+    assert option["mailbox_max_recipients"] == str(endpoint.DEFAULT_MAX_RECIPIENTS) == "100"
+    assert rows["idle client"] == ("`mailbox_idle_timeout`", "300 s")
+    assert option["mailbox_idle_timeout"] == f"{endpoint.DEFAULT_IDLE_TIMEOUT:g}" == "300"
+    assert rows["DATA line"][1] == "998 octets + CRLF"
+    assert sink._MAX_DATA_LINE == 998
+    assert rows["command line"][1].startswith(f"{SMTP.command_size_limit} octets")
+    assert rows["WAL of the store"] == ("`Store(wal_limit=)`", "16 MiB")
+    assert 16 * mib == store.WAL_LIMIT
