@@ -859,6 +859,13 @@ def test_cli_beats_env_beats_ini(
     result.stdout.fnmatch_lines(["mailbox: env.test on 127.0.0.1:a free port per worker*"])
 
 
+def test_the_report_header_writes_an_ipv6_host_as_a_url_does(pytester: pytest.Pytester) -> None:
+    # It said "on ::1:2525": which colon began the port? (--co tries no host, binds no port.)
+    result = pytester.runpytest("--mailbox-host=::1", "--mailbox-port=2525", "--co")
+
+    result.stdout.fnmatch_lines(["mailbox: mailbox.test on [[]::1]:2525, ttl_max 3600s"])
+
+
 @pytest.mark.skipif(pytest.version_tuple < (9,), reason="pytest 8 has no [tool.pytest] table")
 def test_native_toml_numbers_are_taken_as_written(pytester: pytest.Pytester) -> None:
     # pytest 9's [tool.pytest] keeps TOML types: ttl = 120 is an int, lease = 7.5 a float.

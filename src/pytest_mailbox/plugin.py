@@ -151,7 +151,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     settings = config.stash[_settings_key]
     port = settings.port or "a free port per worker"
-    return f"mailbox: {settings.domain} on {settings.host}:{port}, ttl_max {settings.ttl_max}s"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host  # as in a URL: ::1
+    return f"mailbox: {settings.domain} on {host}:{port}, ttl_max {settings.ttl_max}s"
 
 
 def _ini_keys(config: pytest.Config) -> list[str]:
