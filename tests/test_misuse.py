@@ -244,6 +244,23 @@ def test_non_loopback_host_can_be_acknowledged(pytester: pytest.Pytester) -> Non
     result.stdout.no_fnmatch_line("*ExposedSinkWarning*")
 
 
+def test_an_ipv6_host_this_machine_cannot_listen_on_is_named_as_a_url_names_it(
+    pytester: pytest.Pytester,
+) -> None:
+    # It said "cannot listen on 2001:db8::1:0": which colon began the port?
+    pytester.makepyfile("def test_a(isolated_mailbox): pass")
+
+    result = pytester.runpytest(
+        "--mailbox-host=2001:db8::1",  # the documentation prefix: no machine's own address
+        "-W", "ignore::pytest_mailbox.ExposedSinkWarning",
+    )  # fmt: skip
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: pytest-mailbox cannot listen on [[]2001:db8::1]:0: *; --mailbox-host / *"]
+    )
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_host_this_machine_cannot_listen_on_stops_the_run_before_any_test(
     pytester: pytest.Pytester, workers: str

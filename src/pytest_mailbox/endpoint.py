@@ -25,6 +25,7 @@ __all__ = [
     "Signal",
     "SinkError",
     "SmtpEndpoint",
+    "address",
     "check_host",
     "host_name",
     "is_loopback",
@@ -78,8 +79,14 @@ def _tcp_socket(host: str) -> socket.socket:
     return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
 
 
+def address(host: str, port: int | str) -> str:
+    """``host:port`` as a URL writes it: an IPv6 host in brackets (``[::1]:2525``), so the
+    port's colon is told from the address's."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _cannot_listen(host: str, port: int, exc: OSError) -> SinkError:
-    where = f"pytest-mailbox cannot listen on {host}:{port}"
+    where = f"pytest-mailbox cannot listen on {address(host, port)}"
     if exc.errno == errno.EADDRINUSE:
         return SinkError(
             f"{where}: the port is already in use by another program; free it, or choose "
@@ -176,8 +183,7 @@ class SmtpEndpoint:
 
     @property
     def smtp_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
-        return f"smtp://{host}:{self.port}"
+        return f"smtp://{address(self.host, self.port)}"
 
     @property
     def settings(self) -> dict[str, dict[str, Any]]:

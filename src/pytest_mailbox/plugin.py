@@ -18,7 +18,14 @@ import pytest
 from _pytest import junitxml  # its stash key: JUnit takes properties at teardown only
 from _pytest._code.code import TerminalRepr
 
-from pytest_mailbox.endpoint import Signal, SinkError, SmtpEndpoint, check_host, is_loopback
+from pytest_mailbox.endpoint import (
+    Signal,
+    SinkError,
+    SmtpEndpoint,
+    address,
+    check_host,
+    is_loopback,
+)
 from pytest_mailbox.errors import ExposedSinkWarning, StoreError
 from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt
 from pytest_mailbox.settings import OPTIONS, Settings
@@ -150,9 +157,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     settings = config.stash[_settings_key]
-    port = settings.port or "a free port per worker"
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host  # as in a URL: ::1
-    return f"mailbox: {settings.domain} on {host}:{port}, ttl_max {settings.ttl_max}s"
+    where = address(settings.host, settings.port or "a free port per worker")
+    return f"mailbox: {settings.domain} on {where}, ttl_max {settings.ttl_max}s"
 
 
 def _ini_keys(config: pytest.Config) -> list[str]:

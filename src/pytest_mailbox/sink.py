@@ -26,6 +26,7 @@ from pytest_mailbox.endpoint import (
     Signal,
     SinkError,
     SmtpEndpoint,
+    address,
     host_name,
     is_loopback,
     listen,
@@ -940,7 +941,7 @@ class MailSink(SmtpEndpoint):
         self._thread.start()
         if not ready.wait(timeout) or failure:  # pragma: no cover - see above
             self.stop()
-            msg = f"pytest-mailbox sink did not start on {self.host}:{self.port}"
+            msg = f"pytest-mailbox sink did not start on {address(self.host, self.port)}"
             raise SinkError(msg) from (failure[0] if failure else None)
         return self
 
