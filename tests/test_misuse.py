@@ -171,8 +171,10 @@ MARKER_MISUSE = {
     "lease=float('inf')": "email_contract: lease=inf is invalid: Input should be a finite number "
     "(allowed: seconds > 0, at most ttl)",
     "timeout='soon'": "email_contract: timeout='soon' is invalid: Input should be a valid number*",
+    # It said "Input should be a valid tuple": the docs write a list, and the fix is one.
     "link_domains='app.example.test'": "email_contract: link_domains='app.example.test' is "
-    "invalid: Input should be a valid tuple (allowed: a list of host names*",
+    "invalid: a list of host names, not one string: link_domains=[[]'app.example.test'] "
+    "(allowed: a list of host names*",
     "link_domains=['https://app.example.test/x']": "email_contract: link_domains=*"
     "'https://app.example.test/x' is not a host name (no scheme, port or path) (allowed: a "
     "list of host names*",

@@ -92,6 +92,14 @@ class EmailContract(BaseModel):
             raise ValueError(msg)
         return value
 
+    @field_validator("link_domains", mode="before")
+    @classmethod
+    def _not_one_string(cls, value: object) -> object:
+        if isinstance(value, str | bytes):  # pydantic said "Input should be a valid tuple"
+            msg = f"a list of host names, not one string: link_domains=[{value!r}]"
+            raise ValueError(msg)
+        return value
+
     @field_validator("link_domains")
     @classmethod
     def _lower_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
