@@ -180,3 +180,27 @@ def test_the_limits_table_of_the_security_page_has_the_code_s_defaults() -> None
     assert rows["command line"][1].startswith(f"{SMTP.command_size_limit} octets")
     assert rows["WAL of the store"] == ("`Store(wal_limit=)`", "16 MiB")
     assert 16 * mib == store.WAL_LIMIT
+
+
+def test_the_marker_s_registered_signature_has_the_contract_s_defaults(
+    pytester: pytest.Pytester,
+) -> None:
+    """``pytest --markers`` shows ``email_contract(*, purpose='mail', ttl=300, ...)``: each
+    default as the contract has it, every field of it, in its order."""
+    from pytest_mailbox.contract import EmailContract  # noqa: PLC0415 - pydantic models
+
+    result = pytester.runpytest("--markers")
+
+    (line,) = [line for line in result.outlines if line.startswith("@pytest.mark.email_contract")]
+    (arguments,) = re.findall(r"email_contract\(\*, (.*?)\): ", line)
+    expected = []
+    for name, field in EmailContract.model_fields.items():
+        default = field.default
+        if name == "lease":  # unless given, at most the ttl
+            written = f"min({default:g}, ttl)"
+        elif isinstance(default, float):
+            written = f"{default:g}"  # timeout=10, as a marker is written
+        else:
+            written = repr(default)
+        expected.append(f"{name}={written}")
+    assert arguments == ", ".join(expected)
