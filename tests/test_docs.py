@@ -204,3 +204,16 @@ def test_the_marker_s_registered_signature_has_the_contract_s_defaults(
             written = repr(default)
         expected.append(f"{name}={written}")
     assert arguments == ", ".join(expected)
+
+
+def test_the_options_the_configuration_page_calls_contract_defaults_are_the_contract_s() -> None:
+    """configuration.md: "The last eight rows are the defaults of every test's
+    email_contract". Those rows are the options named as the contract's fields (all of them
+    but run_header, which is the marker's only), and they come last."""
+    from pytest_mailbox.settings import OPTIONS  # noqa: PLC0415
+
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}
+    contract = [name for name in pytest_mailbox.EmailContract.model_fields if name != "run_header"]
+    assert f"The last {words[len(contract)]} rows are the defaults" in page
+    assert [option.name for option in OPTIONS[-len(contract) :]] == contract
