@@ -1653,8 +1653,11 @@ def test_a_wait_for_mail_held_by_a_claim_says_whose_as_wait_for_does(
             "reason": "this toolset holds its claim: ack_message it, once used",
         }
     ]
+    assert mine["next_action"] == {"do": "call", "tool": "ack_message"}
     other = isolated_mailbox.agent_tools()  # another toolset of the run: not its fence
-    assert other.call("wait_for_message", wait)["near_misses"] == [
+    theirs_wait = other.call("wait_for_message", wait)
+    assert theirs_wait["next_action"]["do"] == "poll"  # not its claim to ack: it may lapse
+    assert theirs_wait["near_misses"] == [
         {
             "message_id": taken["message_id"],
             "reason": "another holder of this run (the test or another toolset) has it leased",
@@ -1683,6 +1686,31 @@ def test_a_wait_for_mail_held_by_a_claim_says_whose_as_wait_for_does(
         {"message_id": theirs.message_id, "reason": "another holder has it leased"}
     ]
     assert "r-another-run" not in json.dumps(held)
+
+
+@SIGNUP
+def test_a_wait_for_the_message_its_own_claim_holds_points_to_ack_message_not_a_poll(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """Its near miss says to ack it; the next_action said to poll wait_for_message, which
+    never offers it again: with max_reads=3 spent by wait, claim and this wait, it said stop,
+    and an agent that follows next_action never acked the message it held."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    wait = {"fixture_id": own, "kind": "link", "timeout": 0}
+    app.signup(isolated_mailbox.address)
+    found = tools.call("wait_for_message", wait)
+    selector = {"message_id": found["message_id"]}
+    taken = tools.call("claim_message", {"fixture_id": own, "selector": selector})
+    again = tools.call("wait_for_message", wait)
+    assert again["status"] == "waiting"
+    assert again["reason"] == (
+        "no message with a link yet; 1 message(s) of this mailbox passed over "
+        "(near_misses: why each)"
+    )
+    assert again["next_action"] == {"do": "call", "tool": "ack_message"}
+    ack = {"fixture_id": own, "message_id": taken["message_id"], "fence": taken["fence"]}
+    assert tools.call("ack_message", ack)["status"] == "consumed"
 
 
 @TAGGED

@@ -355,6 +355,8 @@ _FIX = NextAction(do="fix_arguments")
 
 #: The most near misses an answer lists (``reason`` counts them all): answers stay small.
 MAX_NEAR_MISSES = 10
+#: A near miss this toolset's own live claim holds: its next step is an ack, not a poll.
+_OWN_CLAIM = "this toolset holds its claim: ack_message it, once used"
 
 
 class NearMiss(BaseModel):
@@ -1525,9 +1527,12 @@ class AgentTools:
             near = self._near_misses(Selector(tag=args.tag))
             if near:  # mail to another address of this mailbox: the tag, most likely
                 waiting += f"; {self._passed_over(near)}"
+            # Mail its own claim holds is never offered again: polling only spends reads
+            # (and, with them gone, says stop), where the claim path says ack_message.
+            held = any(miss.reason == _OWN_CLAIM for miss in near)
             return self._reply(
                 Status.WAITING,
-                _poll("wait_for_message"),
+                _call("ack_message") if held else _poll("wait_for_message"),
                 waiting,
                 near_misses=near[:MAX_NEAR_MISSES] or None,
             )
@@ -1562,7 +1567,7 @@ class AgentTools:
                 if row.holder != mailbox.run_id:
                     reason = "another holder has it leased"
                 elif self._got(row.message_id, row.fence):
-                    reason = "this toolset holds its claim: ack_message it, once used"
+                    reason = _OWN_CLAIM
                 else:
                     reason = (
                         "another holder of this run (the test or another toolset) has it leased"
