@@ -93,7 +93,7 @@ from pytest_mailbox.settings import argument
 from pytest_mailbox.store import REMOVED, Outcome, Store, existing_uri, owner_only
 from pytest_mailbox.vocabulary import Checkpoint, shown, utc
 
-__all__ = ["MAX_CALLS", "AgentTools", "Answer", "NextAction", "journal_path"]
+__all__ = ["MAX_CALLS", "MAX_NEAR_MISSES", "AgentTools", "Answer", "NextAction", "journal_path"]
 
 #: The polling hint of an answer that found nothing yet.
 POLL_AFTER_MS = 500
