@@ -617,8 +617,8 @@ def test_code_several_distinct_values_are_masked() -> None:
     text = str(info.value)
     assert text.startswith(
         "3 distinct codes match the default pattern (4 to 8 digits outside links, standing "
-        "alone, or in groups such as 483 920 or 483-920, or glued to a word where none stand "
-        "alone) in message"
+        "alone, or glued to a word where none stand alone, or in groups such as 483 920 or "
+        "483-920 where neither is) in message"
     )
     assert "••••01, ••••13, ••••26" in text
     assert 'pattern=r"code: (\\d{6})"' in text
@@ -658,8 +658,8 @@ def test_code_none_by_default_says_what_it_looked_for_in_words() -> None:
 
     assert str(info.value) == (
         "no code matching the default pattern (4 to 8 digits outside links, standing alone, or "
-        "in groups such as 483 920 or 483-920, or glued to a word where none stand alone) in "
-        "the subject or body of message m-1; for a "
+        "glued to a word where none stand alone, or in groups such as 483 920 or 483-920 where "
+        "neither is) in the subject or body of message m-1; for a "
         "code of another shape pass "
         'pattern=, e.g. r"code: ([A-Z0-9]{6})"'
     )
@@ -1825,4 +1825,29 @@ def test_a_quoted_printable_body_with_8bit_text_in_it_is_read(line: bytes, text:
 
     assert msg.text == f"Café: https://app.example.test/v?{text}code 482913\n"
     assert msg.link() == "https://app.example.test/v?token=Zq8xYtK2mP4rT7"
+    assert msg.code() == "482913"
+
+
+@pytest.mark.parametrize(
+    ("text", "html"),
+    [
+        # A code glued to a word by an HTML body's inline tags, a number in groups beside it.
+        (None, "<p>Your code<b>482913</b></p><p>Order no. 123-456</p>"),
+        (None, "<p>Code<b>482913</b></p><p>Save 100 000 points</p>"),
+        (None, "<p>Code<b>482913</b></p><p>Questions? Call 13 22 11</p>"),
+        # A stub text part with a number in groups, the code in the HTML beside it.
+        (
+            "Order 123-456: view this email in your browser https://shop.example.test/v",
+            "<p>Your code is 482913</p>",
+        ),
+    ],
+)
+def test_a_number_in_groups_does_not_shadow_a_code_found_before(
+    text: str | None, html: str
+) -> None:
+    """code() found the code glued to a word (``Code<b>482913</b>``), or in the HTML beside
+    a stub text part; looking for codes in groups first made a footer's ``Order 123-456``
+    or ``100 000 points`` the code instead."""
+    msg = Message(build(text=text, html=html), message_id="m-1")
+
     assert msg.code() == "482913"

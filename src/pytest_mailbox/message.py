@@ -43,14 +43,15 @@ __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "r
 #: (``Message.code``): a link's token holds digit runs at random.
 DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])(?<!\d[-.])\d{4,8}(?![\dA-Za-z_])(?![-.]\d)"
 _DEFAULT_CODE_SHOWN = (
-    "the default pattern (4 to 8 digits outside links, standing alone, or in groups such "
-    "as 483 920 or 483-920, or glued to a word where none stand alone)"
+    "the default pattern (4 to 8 digits outside links, standing alone, or glued to a word "
+    "where none stand alone, or in groups such as 483 920 or 483-920 where neither is)"
 )
 #: Looked for only when the default finds nothing: four to eight digits not touching other
 #: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
 #: reads ``Code482913``). Outside links, and not a part of a longer number, too.
 _GLUED_CODE_PATTERN = r"(?<![\d])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
-#: Looked for only when no code stands alone: a code shown in groups to be read, two of
+#: Looked for only when no code stands alone or glued (``_GLUED_CODE_PATTERN``), in the text
+#: part nor in the HTML beside a stub one: a code shown in groups to be read, two of
 #: three digits joined by a space (a no-break or narrow one too) or a dash (``483 920``,
 #: ``483-920``), or three or four of two digits joined by the same space (``48 39 20``).
 #: Not a part of a longer grouping (a phone number's ``555 010 4477``, ``01 23 45 67 89``,
@@ -1863,14 +1864,25 @@ class Message:
         raise ExtractionError(msg, result=result)
 
     def _code_values(
-        self, source: str, pattern: str | None, texts: tuple[str, ...], text: str
+        self,
+        source: str,
+        pattern: str | None,
+        texts: tuple[str, ...],
+        text: str,
+        *,
+        grouped: bool = False,
     ) -> dict[str, None]:
         """The values ``source`` finds in ``texts``: for the default pattern outside links,
         dates and times, then glued to words where none stands alone; for a pattern given,
-        in an HTML body's hrefs where its text (``text``: the text part) has none."""
+        in an HTML body's hrefs where its text (``text``: the text part) has none.
+        ``grouped``: the codes written in groups only (``483 920``), looked for once
+        neither the text nor the HTML has a code standing alone or glued to a word: a
+        footer's ``Order 123-456`` or ``100 000 points`` is no code beside ``Code482913``."""
         __tracebackhide__ = True
         if pattern is None:  # nor in a date, a time, or a copyright's year (``© 2026``)
             texts = tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
+        if grouped:
+            return self._spaced_codes(texts)
         values = self._codes(source, texts, given=pattern is not None)
         if not values and pattern is not None and not text.strip():
             # The HTML body was searched: its links are in its hrefs, which its text leaves
@@ -1878,8 +1890,6 @@ class Message:
             # code of the text (r"(\d{6})") finds it still, beside an unsubscribe link's id.
             hrefs = tuple(_URL_CONTROL.sub("", href) for href in self._html_scan.hrefs)
             values = self._codes(source, hrefs, given=True)
-        if not values and pattern is None:
-            values = self._spaced_codes(texts)
         if not values and pattern is None:
             values = self._codes(_GLUED_CODE_PATTERN, texts, given=False)
         return values
@@ -1968,6 +1978,11 @@ class Message:
             # beside a text part of its own words, whose HTML adds a footer's phone
             # number, an order's number or a price: that mail has no code.
             values = self._code_values(source, pattern, (self._html_text,), "")
+        if not values and pattern is None:  # a code in groups, where none stands alone
+            texts = (self.body_text, self.subject)
+            values = self._code_values(source, pattern, texts, self.text, grouped=True)
+            if not values and self.html.strip() and _is_stub(self.text):
+                values = self._code_values(source, pattern, (self._html_text,), "", grouped=True)
         result: dict[str, Any] = {
             "message_id": self.message_id,
             "kind": "code",
