@@ -3619,3 +3619,53 @@ def _reports(pytester: pytest.Pytester) -> tuple[str, str]:
     junit = (pytester.path / "junit.xml").read_text()
     report = html.unescape(html.unescape((pytester.path / "report.html").read_text()))
     return junit, report
+
+
+HTML_GROUPED_CONFTEST = """
+import smtplib
+from email.message import EmailMessage
+
+import pytest
+
+
+@pytest.fixture(params=[
+    "<p>Your code is <b>731&nbsp;604</b></p>",
+    "<p>Your code is <b>731\\u00a0604</b></p>",
+    "<p>Your code is <b>731\\u202f604</b></p>",
+    "<p>Your code is <span>731</span> <span>604</span></p>",
+], ids=["entity", "nbsp", "narrow", "tags"])
+def sent(request, isolated_mailbox, mailbox_server):
+    msg = EmailMessage()
+    msg["From"] = "noreply@app.example.test"
+    msg["To"] = isolated_mailbox.address
+    msg["Subject"] = "Code"
+    msg.set_content(request.param, subtype="html")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(msg)
+    return isolated_mailbox.wait_for(subject="Code")
+"""
+
+HTML_GROUPED_SUITE = """
+def test_grouped(sent):
+    code = sent.code()
+    print("the mail's HTML", sent.html)
+    assert sent.html == code
+"""
+
+
+def test_a_code_found_in_groups_is_masked_as_the_html_source_writes_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """code() read ``731 604`` in an HTML body's text: the test's report masked that, but
+    the HTML's source as the test showed it (``msg.html`` in a diff or its output) wrote
+    the code with an entity, a no-break space, or tags between its groups, and was in
+    clear there."""
+    pytester.makeconftest(HTML_GROUPED_CONFTEST)
+    pytester.makepyfile(HTML_GROUPED_SUITE)
+
+    result = pytester.runpytest("-vv", "--junitxml=junit.xml")
+
+    result.assert_outcomes(failed=4)
+    junit = (pytester.path / "junit.xml").read_text()
+    for text in ("\n".join(result.outlines + result.errlines), junit):
+        assert "731" not in text

@@ -64,6 +64,14 @@ _SPACED_CODE = (
     r"(?![\dA-Za-z_/\-\u2013]|[.,:]\d|[ \t\u00a0\u202f]+\d)"
 )
 _NOT_DIGIT = re.compile(r"\D")
+#: What joins a code's groups in the bodies as a test may show them (``msg.html``,
+#: ``msg.text``): the space, no-break space or dash ``code()`` read, as written, as an
+#: HTML entity (``483&nbsp;920``), a line break, or a tag (``<b>483</b> <b>920</b>``).
+_WRITTEN_FORMS = 64
+_WRITTEN_JOINER = (
+    r"(?:\s|[-\u2013]|&(?:nbsp|ndash|#160|#8211|#8239|#x[aA]0|#x2013|#x202[fF]);"
+    r"|<[^<>]{0,200}>){1,16}"
+)
 
 #: A header value longer than this is not decoded: the standard library's parser takes
 #: time that grows with the square of a value made of encoded words (0.4 MiB of them held
@@ -1916,6 +1924,23 @@ class Message:
                 self._written.setdefault(value, set()).add(match.group())
         return values
 
+    def _written_forms(self, value: str) -> set[str]:
+        """How the bodies write ``value``, a code ``code()`` found in groups: as it read it
+        (``483 920``), and as the HTML's source or the text part has it
+        (``483&nbsp;920``, ``483\u00a0920``, ``<b>483</b>\n<b>920</b>``), which a test
+        that shows ``msg.html`` puts in its report."""
+        forms = set(self._written.get(value, ()))
+        for written in tuple(forms):
+            groups = _GROUP.findall(written)
+            joined = _WRITTEN_JOINER.join(re.escape(group) for group in groups)
+            found = re.compile(rf"(?<!\d){joined}(?!\d)")
+            for body in (self.html, self.text):
+                # The first few of each body: one that wrote it in thousands of ways
+                # (tags between its groups) would grow the report's mask with each.
+                written_in = itertools.islice(found.finditer(body), _WRITTEN_FORMS)
+                forms.update(match.group() for match in written_in)
+        return forms
+
     @cached_property
     def _html_text(self) -> str:
         """The HTML body as plain text, as ``body_text`` reads it when there is no text part."""
@@ -1992,7 +2017,7 @@ class Message:
             value = next(iter(values))
             if self._on_secret is not None:
                 self._on_secret("code", value, None)
-                for written in self._written.get(value, ()):  # ``483 920``: masked as well
+                for written in self._written_forms(value):  # ``483 920``: masked as well
                     remember_extracted("code", written)
             return value
         # The default in words: its regular expression tells a reader of the error little.
