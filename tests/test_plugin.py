@@ -2231,6 +2231,38 @@ def test_receipts_cli_names_a_file_whose_read_fails(tmp_path: Path, kind: str) -
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("kind", ["name-too-long", "folder-not-searchable", "symlink-loop"])
+def test_receipts_cli_names_a_file_it_cannot_even_look_at(tmp_path: Path, kind: str) -> None:
+    """Before the read, the check for a regular file raised a traceback (exit 1) for a
+    name longer than the system takes, or a file in a folder this user may not search."""
+    if kind == "name-too-long":
+        path, reason = tmp_path / ("r" * 300), "File name too long"
+    elif kind == "symlink-loop":
+        path, reason = tmp_path / "loop", "Too many levels of symbolic links"
+        path.symlink_to(path)
+    else:
+        if os.geteuid() == 0:  # root searches it all the same
+            pytest.skip("root may search a folder of mode 000")
+        path, reason = tmp_path / "locked" / "r.jsonl", "Permission denied"
+        path.parent.mkdir()
+        path.write_text("")
+        path.parent.chmod(0)
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        path.parent.chmod(0o700)
+
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith(f"error: {path}: cannot be read ({reason})")
+
+
 def test_receipts_cli_says_an_unknown_option_with_its_own_usage(tmp_path: Path) -> None:
     (tmp_path / "r.jsonl").write_text("")
     argv = [sys.executable, "-m", "pytest_mailbox", "receipts", str(tmp_path / "r.jsonl")]

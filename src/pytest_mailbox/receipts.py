@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import stat
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
@@ -154,8 +155,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     # hold the same receipts, so a run given in both is listed once.
     receipts: dict[str, Receipt] = {}
     for file in args.files:
-        if not file.is_file():
-            show.error(f"{file}: {'not a file' if file.exists() else 'no such file'}")
+        try:
+            # os.stat, not is_file(): that raises for a folder this user may not search
+            # (Python 3.12 and older), or a name too long, and says False on 3.13.
+            mode = file.stat().st_mode
+        except FileNotFoundError:
+            show.error(f"{file}: no such file")
+        except NotADirectoryError:
+            show.error(f"{file}: no such file (a part of its path is a file)")
+        except OSError as exc:
+            show.error(f"{file}: cannot be read ({exc.strerror or exc})")
+        if not stat.S_ISREG(mode):
+            show.error(f"{file}: not a file")
         try:
             for receipt in read_receipts(file):
                 receipts.setdefault(receipt.run_id, receipt)
