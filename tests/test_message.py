@@ -499,6 +499,26 @@ def test_a_domain_with_a_port_takes_only_links_on_that_port(domain: str) -> None
         )
 
 
+@pytest.mark.parametrize(
+    ("domain", "said"),
+    [
+        ("[::1]:8000/verify", "give the host alone (domain='[::1]:8000')"),
+        ("http://[::1]/verify", "give the host alone (domain='[::1]')"),
+        ("[::1]:9000", "no link on [::1]:9000 in message m-1"),
+    ],
+)
+def test_an_ipv6_link_host_is_said_in_brackets_as_link_takes_it(domain: str, said: str) -> None:
+    """The host to give was written '::1:8000' (and '::1'), which link(domain=) refuses as
+    no host name: which colon began the port? It is written as a URL writes it."""
+    message = plain("Open http://[::1]:8000/verify?token=Zk3Pq9Wm2LxR7vN4 now")
+    with pytest.raises(ExtractionError) as refused:
+        message.link(domain=domain)
+    assert said in str(refused.value)
+    suggested = re.findall(r"alone \(domain='(.*?)'\)", str(refused.value))
+    for host in suggested:  # what the error says to give is taken
+        assert message.link(domain=host).startswith("http://[::1]")
+
+
 def test_link_with_empty_domain_is_an_extraction_error() -> None:
     with pytest.raises(ExtractionError, match="give a host name"):
         plain(VERIFY).link("  ")

@@ -30,7 +30,7 @@ from pytest_mailbox.contract import (
     regex_finditer,
     slow_search_text,
 )
-from pytest_mailbox.endpoint import normalize_domain
+from pytest_mailbox.endpoint import address, normalize_domain
 from pytest_mailbox.errors import ExtractionError
 from pytest_mailbox.vocabulary import digest
 
@@ -1810,7 +1810,10 @@ class Message:
                 msg = f"link(domain={shown}): give a host name such as 'app.example.test'"
                 raise ExtractionError(msg, result={"message_id": self.message_id})
             if _path(url).strip("/") or any(c in url for c in "?#"):  # it would be ignored
-                host = mask_copied(wanted) + ("" if port is None else f":{port}")
+                # As link(domain=) takes it back: an IPv6 host in brackets ('[::1]:8000').
+                host = mask_copied(wanted)
+                host = f"[{host}]" if ":" in host and port is None else host
+                host = host if port is None else address(host, port)
                 msg = (
                     f"link(domain={mask_copied(given)!r}): give the host alone "
                     f"(domain={host!r}) and the start of the path as path=, "
@@ -1820,7 +1823,7 @@ class Message:
             candidates, where = self._links_on({wanted}), f" on {shown_host(url)}"
             if port is not None:  # given: only links on that port ("localhost:8000")
                 candidates = [u for u in candidates if _port(u, default=True) == port]
-                where = f" on {shown_host(url)}:{port}"
+                where = f" on {address(shown_host(url), port)}"
             hint = "pass path= with the start of the one you want (path='/verify')"
         if path is not None:
             if not isinstance(path, str) or not path.startswith("/") or "?" in path or "#" in path:
