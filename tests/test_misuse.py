@@ -175,6 +175,10 @@ MARKER_MISUSE = {
     "link_domains='app.example.test'": "email_contract: link_domains='app.example.test' is "
     "invalid: a list of host names, not one string: link_domains=[[]'app.example.test'] "
     "(allowed: a list of host names*",
+    # written as mailbox_link_domains takes it: the list to write has a name an item
+    "link_domains='app.example.test, cdn.example.test'": "email_contract: link_domains="
+    "'app.example.test, cdn.example.test' is invalid: a list of host names, not one string: "
+    "link_domains=[[]'app.example.test', 'cdn.example.test'] (allowed: a list of host names*",
     "link_domains=['https://app.example.test/x']": "email_contract: link_domains=*"
     "'https://app.example.test/x' is not a host name (no scheme, port or path) (allowed: a "
     "list of host names*",

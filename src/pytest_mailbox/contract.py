@@ -96,7 +96,10 @@ class EmailContract(BaseModel):
     @classmethod
     def _not_one_string(cls, value: object) -> object:
         if isinstance(value, str | bytes):  # pydantic said "Input should be a valid tuple"
-            msg = f"a list of host names, not one string: link_domains=[{value!r}]"
+            # Written as mailbox_link_domains takes it ("a.test, b.test"): one item a name.
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            names = text.replace(",", " ").split()
+            msg = f"a list of host names, not one string: link_domains={names!r}"
             raise ValueError(msg)
         return value
 
