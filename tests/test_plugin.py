@@ -2572,6 +2572,23 @@ NO_MAIL_CONFTEST = ended_conftest(HEAVY)
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_that_made_no_store_never_imports_the_store(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """The run's end imported the store (so sqlite3 and filelock) in every run, for the
+    text it says when the store is gone: a project's other suites paid for it."""
+    pytester.makeconftest(ended_conftest(("pytest_mailbox.store", "sqlite3", "filelock")))
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
+    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result.assert_outcomes(passed=1)
+    ended = sorted(pytester.path.glob("ended-*.txt"))
+    assert len(ended) == (1 if workers == "0" else 3)
+    assert all(path.read_text() == "[]" for path in ended)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_run_without_mailbox_tests_never_imports_the_sink(
     pytester: pytest.Pytester, workers: str
 ) -> None:

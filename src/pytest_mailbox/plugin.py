@@ -345,15 +345,18 @@ def _finish(config: pytest.Config) -> None:
     if path is None and _is_controller(config):
         # xdist created the basetemp that its workers share; their store lives there.
         path = _run_store_path(config)
-    from pytest_mailbox.store import REMOVED, Store  # noqa: PLC0415 - see TYPE_CHECKING above
-
     if path is None or not path.exists():
         if path is not None and _made_store(config):
+            # Here only: a run that made no store (most, in a project's other suites)
+            # never imports it, nor sqlite3 and filelock.
+            from pytest_mailbox.store import REMOVED  # noqa: PLC0415 - see TYPE_CHECKING
+
             config.stash[_store_failed_key] = (
                 f"mailbox: the end of the run could not open its store: {path} is gone: "
                 f"{REMOVED}; the mailboxes its tests left open were not closed"
             )
         return
+    from pytest_mailbox.store import Store  # noqa: PLC0415 - see TYPE_CHECKING above
 
     run = config.stash[_run_key]
     store: Store | None = None
