@@ -963,6 +963,38 @@ def test_a_misspelt_argument_of_a_wait_is_told_the_wait_s_own(
 
 
 @pytest.mark.parametrize("wait", ["sync", "async"])
+def test_a_positional_argument_of_a_wait_is_told_the_keywords(
+    isolated_mailbox: Mailbox, wait: str
+) -> None:
+    # wait_for("Verify") was a bare TypeError: "takes 1 positional argument but 2 were given"
+    box = isolated_mailbox
+    examples = {
+        (box.wait_for, box.wait_for_async): (
+            "wait_for(subject='Verify your address') or wait_for(subject_contains='Verify')"
+        ),
+        (box.expect_none, box.expect_none_async): (
+            "expect_none(within=2, subject_contains='Verify')"
+        ),
+    }
+    for (blocking, awaited), example in examples.items():
+
+        def call(blocking: Any = blocking, awaited: Any = awaited) -> None:
+            if wait == "sync":
+                blocking("Verify 415926")
+            else:
+                asyncio.run(awaited("Verify 415926"))
+
+        with pytest.raises(ContractError) as caught:
+            call()
+        text = str(caught.value)
+        name = example.split("(")[0]
+        assert text.startswith(f"{name} takes keyword arguments only, e.g. {example}; ")
+        assert "allowed fields: subject, subject_contains, " in text
+        assert "415926" not in text  # the value given is not quoted: it may be a code
+        assert caught.value.result["status"] == "policy_denied"
+
+
+@pytest.mark.parametrize("wait", ["sync", "async"])
 def test_expect_none_given_timeout_or_nothing_says_within(
     isolated_mailbox: Mailbox, wait: str
 ) -> None:

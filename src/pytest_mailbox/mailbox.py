@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from difflib import SequenceMatcher
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -110,6 +110,11 @@ _RELEASE_REASONS = (CloseReason.RELEASED_SUCCESS, CloseReason.RELEASED_ERROR)
 # What the waits take besides a selector's fields, said beside them when a field is unknown.
 _WAIT_OWN = "; wait_for's own arguments: timeout, lease"
 _NONE_OWN = "; expect_none's own argument: within"
+#: What a positional argument should have been, by the call it was given to.
+_KEYWORDS_ONLY = {
+    "wait_for": "wait_for(subject='Verify your address') or wait_for(subject_contains='Verify')",
+    "expect_none": "expect_none(within=2, subject_contains='Verify')",
+}
 
 
 def _seconds(call: str, name: str, value: object, *, zero: bool = False) -> None:
@@ -449,37 +454,45 @@ class Mailbox:
 
     def wait_for(
         self,
-        *,
+        *positional: NoReturn,
         timeout: float | None = None,
         lease: float | None = None,
         **selector: Any,
     ) -> ClaimedMessage:
         """Wait for exactly one matching message and claim it under the contract's lease."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
+        _keywords_only("wait_for", positional)
         return self._run(self._wait_steps(self._selector(selector, _WAIT_OWN), timeout, lease))
 
     async def wait_for_async(
         self,
-        *,
+        *positional: NoReturn,
         timeout: float | None = None,
         lease: float | None = None,
         **selector: Any,
     ) -> ClaimedMessage:
         """``wait_for`` for async tests: the same steps, awaiting instead of blocking."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
+        _keywords_only("wait_for", positional)
         return await self._run_async(
             self._wait_steps(self._selector(selector, _WAIT_OWN), timeout, lease)
         )
 
-    def expect_none(self, *, within: float | None = None, **selector: Any) -> None:
+    def expect_none(
+        self, *positional: NoReturn, within: float | None = None, **selector: Any
+    ) -> None:
         """Pass only if no matching message arrives within ``within`` seconds (a real wait).
         ``within`` is required; it has a default only to be refused as a ``ContractError``."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
+        _keywords_only("expect_none", positional)
         self._run(self._none_steps(self._selector(selector, _NONE_OWN), within))
 
-    async def expect_none_async(self, *, within: float | None = None, **selector: Any) -> None:
+    async def expect_none_async(
+        self, *positional: NoReturn, within: float | None = None, **selector: Any
+    ) -> None:
         """``expect_none`` for async tests."""
         __tracebackhide__ = True  # its arguments (the selector) may hold a code
+        _keywords_only("expect_none", positional)
         await self._run_async(self._none_steps(self._selector(selector, _NONE_OWN), within))
 
     def look_for(
@@ -1261,3 +1274,17 @@ def _polls() -> Iterator[float]:
     while True:
         yield interval
         interval = min(interval * 2, POLL_INTERVAL)
+
+
+def _keywords_only(call: str, positional: tuple[object, ...]) -> None:
+    """Refuse a positional argument naming the keywords, where Python's TypeError said only
+    that the call "takes 1 positional argument but 2 were given" (``self`` counted). The
+    value is not quoted: a selector's value may be a code."""
+    __tracebackhide__ = True
+    if positional:
+        own = _WAIT_OWN if call == "wait_for" else _NONE_OWN
+        msg = (
+            f"{call} takes keyword arguments only, e.g. {_KEYWORDS_ONLY[call]}; "
+            f"allowed fields: {', '.join(SELECTOR_FIELDS)}{own}"
+        )
+        raise ContractError(msg)
