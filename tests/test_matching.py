@@ -79,6 +79,19 @@ def ids(store: Store, mailbox: Mailbox) -> list[str]:
     return [row.message_id for row in store.messages(mailbox.mailbox_id)]
 
 
+def test_a_mailbox_written_as_text_is_its_address(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    # an app handed the mailbox (a form's field, f"{isolated_mailbox}") sent to its repr,
+    # "<Mailbox mail-…@mailbox.test run=r-… id=mbx-…>", refused 550 for a domain
+    # "mailbox.testrun=r-…"
+    assert str(isolated_mailbox) == f"{isolated_mailbox}" == isolated_mailbox.address
+    assert repr(isolated_mailbox).startswith(f"<Mailbox {isolated_mailbox.address} run=r-")
+    isolated_mailbox.checkpoint()
+    send(mailbox_server, mail(str(isolated_mailbox)))
+    isolated_mailbox.wait_for(subject="Welcome", timeout=10).ack()
+
+
 # -- received_after --------------------------------------------------------------------------
 
 

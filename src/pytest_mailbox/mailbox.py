@@ -440,6 +440,11 @@ class Mailbox:
     def __repr__(self) -> str:
         return f"<Mailbox {self.address} run={self.run_id} id={self.mailbox_id}>"
 
+    def __str__(self) -> str:
+        """The address, so that a mailbox handed where an address goes (a form field,
+        ``f"{isolated_mailbox}"``) is one: its repr there was sent as a recipient."""
+        return self.address
+
     # -- waiting -----------------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint:
