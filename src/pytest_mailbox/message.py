@@ -1915,12 +1915,7 @@ class Message:
             try:
                 found = regex_finditer(_SPACED_CODE, haystack)
             except SlowSearch:  # pragma: no cover - not backtracking: a text of numbers
-                msg = (
-                    f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a "
-                    f"text of {len(haystack):,} characters; pass pattern= with what "
-                    'stands around the code, e.g. pattern=r"code: (\\d{6})"'
-                )
-                raise ExtractionError(msg, result={"message_id": self.message_id}) from None
+                raise self._too_many_numbers(len(haystack)) from None
             for match in found:
                 value = _NOT_DIGIT.sub("", match.group())
                 values.setdefault(value, None)
@@ -1954,6 +1949,16 @@ class Message:
         unread = self._parsed.unread
         return f"; not read: {', '.join(unread)}" if unread else ""
 
+    def _too_many_numbers(self, length: int) -> ExtractionError:
+        """The default's search of a text of ``length`` characters ran out of time: not
+        backtracking, a text of numbers too many to read; a ``pattern=`` reads fewer."""
+        msg = (
+            f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a text of "
+            f"{length:,} characters; pass pattern= with what stands around the code, e.g. "
+            'pattern=r"code: (\\d{6})"'
+        )
+        return ExtractionError(msg, result={"message_id": self.message_id})
+
     def _codes(self, source: str, texts: tuple[str, ...], *, given: bool) -> dict[str, None]:
         """The distinct values ``source`` finds in ``texts`` (group 1 if it has one)."""
         __tracebackhide__ = True
@@ -1963,13 +1968,9 @@ class Message:
             try:
                 found = regex_finditer(source, haystack)
             except SlowSearch:
-                msg = slow_search_text("code(pattern", f"{_show(source)})", len(haystack))
                 if not given:  # not backtracking: a text of numbers, too many to read
-                    msg = (
-                        f"code() took more than {SEARCH_LIMIT:g}s to read the numbers of a "
-                        f"text of {len(haystack):,} characters; pass pattern= with what "
-                        'stands around the code, e.g. pattern=r"code: (\\d{6})"'
-                    )
+                    raise self._too_many_numbers(len(haystack)) from None
+                msg = slow_search_text("code(pattern", f"{_show(source)})", len(haystack))
                 raise ExtractionError(msg, result={"message_id": self.message_id}) from None
             for match in found:
                 value = match.group(1) if groups else match.group()
