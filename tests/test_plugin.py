@@ -2162,6 +2162,16 @@ def test_receipts_are_read_back_whatever_their_subject_holds_and_behind_a_bom(
 NOT_RECEIPTS = "not JUnit XML or pytest-mailbox JSON Lines receipts"
 
 
+def _receipts_command(path: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest_mailbox receipts PATH``, run as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
@@ -2189,12 +2199,7 @@ def test_receipts_cli_names_a_file_it_cannot_read(
     elif isinstance(content, bytes):
         path.write_bytes(content)
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _receipts_command(path)
 
     assert proc.returncode == 2
     assert f"error: {path}: {expected}" in proc.stderr
@@ -2219,12 +2224,7 @@ def test_receipts_cli_names_a_file_whose_read_fails(tmp_path: Path, kind: str) -
             pytest.skip("no /proc/self/mem on this system")
         reason = "Input/output error"
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = _receipts_command(path)
 
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1].endswith(f"error: {path}: cannot be read ({reason})")
@@ -2249,12 +2249,7 @@ def test_receipts_cli_names_a_file_it_cannot_even_look_at(tmp_path: Path, kind: 
         path.parent.chmod(0)
 
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest_mailbox", "receipts", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        proc = _receipts_command(path)
     finally:
         path.parent.chmod(0o700)
 
