@@ -66,11 +66,16 @@ _SPACED_CODE = (
 _NOT_DIGIT = re.compile(r"\D")
 #: What joins a code's groups in the bodies as a test may show them (``msg.html``,
 #: ``msg.text``): the space, no-break space or dash ``code()`` read, as written, as an
-#: HTML entity (``483&nbsp;920``), a line break, or a tag (``<b>483</b> <b>920</b>``).
+#: HTML entity in any of the spellings an HTML parser reads (``483&nbsp;920``,
+#: ``483&nbsp920``, ``483&#XA0;920``, ``483&#32;920``), white space of any length (an
+#: indented template's), or tags (``<b>483</b> <b>920</b>``, one with a long inline
+#: style). Items begin with ``-``, ``&`` or ``<`` and white space runs between them, so
+#: a body is read one way only: no backtracking grows with it.
 _WRITTEN_FORMS = 64
 _WRITTEN_JOINER = (
-    r"(?:\s|[-\u2013]|&(?:nbsp|ndash|#160|#8211|#8239|#x[aA]0|#x2013|#x202[fF]);"
-    r"|<[^<>]{0,200}>){1,16}"
+    r"(?=[\s\-\u2013&<])\s*(?:(?:[-\u2013]"
+    r"|&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z]{2,32});?"
+    r"|<[^<>]{0,2000}>)\s*){0,16}"
 )
 
 #: A header value longer than this is not decoded: the standard library's parser takes
@@ -1937,6 +1942,12 @@ class Message:
                 # (tags between its groups) would grow the report's mask with each.
                 written_in = itertools.islice(found.finditer(body), _WRITTEN_FORMS)
                 forms.update(match.group() for match in written_in)
+        # A form over lines (``<b>483</b>\n    <b>920</b>``) is shown a line at a time by
+        # pytest's diff of ``msg.html``: each line's piece holding a group is masked too.
+        for form in tuple(forms):
+            lines = form.splitlines()
+            if len(lines) > 1:
+                forms.update(line.strip() for line in lines if _GROUP.search(line))
         return forms
 
     @cached_property
