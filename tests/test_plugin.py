@@ -2538,13 +2538,24 @@ def test_a_run_where_one_test_asks_for_a_mailbox_imports_the_sink_once_collected
     pytester.makepyfile(
         test_mixed="def test_plain():\n    pass\n\n\ndef test_mail(isolated_mailbox):\n    pass\n"
     )
-    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
-    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
-    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result = _alone(pytester, "-n", workers)
     result.assert_outcomes(passed=2)
     collected = sorted(pytester.path.glob("collected-*.txt"))
     assert len(collected) == (1 if workers == "0" else 2)
     assert all(path.read_text() == repr(sorted(HEAVY)) for path in collected)
+
+
+def _alone(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """A run in a process of its own with no installed plugin but this one and xdist: what
+    a project pays for loading the plugin is measured without what the others import."""
+    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
+    return pytester.runpytest_subprocess(*off, *args)
+
+
+def _imported_at_the_end(pytester: pytest.Pytester) -> list[str]:
+    """What each process of the run had imported of ``ended_conftest``'s modules."""
+    return [path.read_text() for path in sorted(pytester.path.glob("ended-*.txt"))]
 
 
 def ended_conftest(modules: tuple[str, ...]) -> str:
@@ -2575,13 +2586,9 @@ def test_a_run_that_made_no_store_never_imports_the_store(
     itself is not looked for: coverage's data file, under ``make unit``, imports it.)"""
     pytester.makeconftest(ended_conftest(("pytest_mailbox.store", "filelock")))
     pytester.makepyfile(test_plain="def test_one():\n    pass\n")
-    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
-    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
-    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result = _alone(pytester, "-n", workers)
     result.assert_outcomes(passed=1)
-    ended = sorted(pytester.path.glob("ended-*.txt"))
-    assert len(ended) == (1 if workers == "0" else 3)
-    assert all(path.read_text() == "[]" for path in ended)
+    assert _imported_at_the_end(pytester) == (["[]"] if workers == "0" else ["[]"] * 3)
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
@@ -2605,9 +2612,7 @@ def test_a_run_without_mailbox_tests_never_imports_the_sink(
             pass
         """
     )
-    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
-    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
-    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result = _alone(pytester, "-n", workers)
     result.assert_outcomes(passed=2)
     ended = sorted(path.name for path in pytester.path.glob("ended-*.txt"))
     assert ended == (
@@ -2640,13 +2645,9 @@ def test_a_run_without_mail_tests_never_imports_pydantic(
     about 0.1 s."""
     pytester.makeconftest(ended_conftest(HEAVY + MODELS))
     pytester.makepyfile(test_plain="def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
-    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
-    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
-    result = pytester.runpytest_subprocess(*off, "-n", workers)
+    result = _alone(pytester, "-n", workers)
     result.assert_outcomes(passed=2)
-    ended = sorted(pytester.path.glob("ended-*.txt"))
-    assert len(ended) == (1 if workers == "0" else 3)
-    assert all(path.read_text() == "[]" for path in ended)
+    assert _imported_at_the_end(pytester) == (["[]"] if workers == "0" else ["[]"] * 3)
 
 
 def test_a_mailbox_asked_for_at_run_time_imports_what_it_needs(
@@ -2670,9 +2671,7 @@ def test_a_mailbox_asked_for_at_run_time_imports_what_it_needs(
             box.wait_for(subject="Hi").ack()
         """
     )
-    others = {ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
-    off = [f"-pno:{name}" for name in sorted(others - {"mailbox", "xdist", "xdist.looponfail"})]
-    result = pytester.runpytest_subprocess(*off, "-n", "0")
+    result = _alone(pytester, "-n", "0")
     result.assert_outcomes(passed=1)
 
 
