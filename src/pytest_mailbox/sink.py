@@ -61,6 +61,7 @@ _CONTENT_LOGS = ("DATA readline", "_handle_client readline", "%r << %r", "%r >> 
 _UNKNOWN_COMMAND_LOG = "%r unrecognised: %s"
 #: aiosmtpd warns of its own deprecated attribute, which it sets itself, on every AUTH.
 _LOGIN_DATA_WARNING = "Session.login_data is deprecated"
+_DROPPED_LOGS = (*_CONTENT_LOGS, _LOGIN_DATA_WARNING)
 
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 #: ``<local@domain>`` in its plain form: dot-atoms on both sides, ASCII only.
@@ -112,7 +113,7 @@ class _NoContent(logging.Filter):
         if record.msg == _UNKNOWN_COMMAND_LOG:
             peer = record.args[:1] if isinstance(record.args, tuple) else ("?",)
             record.msg, record.args = "%r sent an unrecognised command", peer
-        if record.msg.startswith(_CONTENT_LOGS) or record.msg.startswith(_LOGIN_DATA_WARNING):
+        if record.msg.startswith(_DROPPED_LOGS):
             return False
         if isinstance(record.args, tuple) and any(
             isinstance(arg, str) and _SURROGATE.search(arg) for arg in record.args
@@ -674,19 +675,15 @@ class _Protocol(SMTP):
         """The client's next line, or None (and the line read to its end, dropped) if it is
         longer than the reader's limit: what follows it is read as the next command, as
         aiosmtpd does for a command line too long."""
-        reader = self._reader
-        try:
-            line: bytes = await reader.readuntil(b"\n")
-        except asyncio.LimitOverrunError as exc:
-            await reader.readexactly(exc.consumed)
-            while True:
-                try:
-                    await reader.readuntil(b"\n")
-                except asyncio.LimitOverrunError as more:
-                    await reader.readexactly(more.consumed)
-                else:
-                    return None
-        return line
+        too_long = False
+        while True:
+            try:
+                line: bytes = await self._reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as exc:
+                await self._reader.readexactly(exc.consumed)
+                too_long = True
+            else:
+                return None if too_long else line
 
     @syntax("DATA")
     async def smtp_DATA(self, arg: str) -> None:  # noqa: N802 - aiosmtpd command name
