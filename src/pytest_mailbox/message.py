@@ -1436,7 +1436,7 @@ def _payload(part: EmailMessage) -> bytes | None:
                 return payload
             if _PADDED_SOFT_BREAK.search(data):
                 payload = binascii.a2b_qp(_PADDED_SOFT_BREAK.sub(b"=", data))
-    elif encoding == "base64" and any(type(d).__name__ == _UNDECODABLE for d in part.defects):
+    elif _bad_base64(part, encoding):
         return None
     return payload
 
@@ -1548,6 +1548,11 @@ def _undecoded(part: EmailMessage) -> bool:
         encoding = str(part.get("content-transfer-encoding", "")).strip().lower()
     except Exception:
         return False
+    return _bad_base64(part, encoding)
+
+
+def _bad_base64(part: EmailMessage, encoding: str) -> bool:
+    """A base64 part the email package could not decode (the defect it records then)."""
     return encoding == "base64" and any(type(d).__name__ == _UNDECODABLE for d in part.defects)
 
 
