@@ -743,19 +743,10 @@ class Masker:
         value's bytes become bullets, the words' frames and line breaks kept."""
         hidden: list[tuple[int, int]] = []
         for run in _encoded_runs(text):
-            if not self._holds_value(_quickly_decoded(run.words), run):
+            if next(self._hits(_quickly_decoded(run.words), run), None) is None:
                 continue  # most runs: no character by character decoding
             decoded, spans = _decoded([(cs, _encoded_bytes(word)) for cs, word in run.words])
-            found = list(self._found_in(decoded))
-            # A run pytest cut (``...``) short: a value's piece at the cut, as _mask_cut.
-            for value in self.cut if run.cut_start or run.cut_end else ():
-                size = _start_before_cut(decoded, value) if run.cut_end else 0
-                if size:
-                    found.append((len(decoded) - size, len(decoded)))
-                size = _end_after_cut(decoded, value) if run.cut_start else 0
-                if size:
-                    found.append((0, size))
-            for start, end in found:
+            for start, end in self._hits(decoded, run):
                 hidden.extend(span for piece in spans[start:end] for span in piece)
         if not hidden:
             return text
@@ -764,15 +755,17 @@ class Masker:
             shown[start:end] = "\u2022" * (end - start)
         return "".join(shown)
 
-    def _holds_value(self, decoded: str, run: _Run) -> bool:
-        """``decoded`` (a run's text) holds a value, or may hold a piece of one at a cut."""
-        if next(self._found_in(decoded), None) is not None:
-            return True
-        return (run.cut_start or run.cut_end) and any(
-            (run.cut_end and _start_before_cut(decoded, v)) or
-            (run.cut_start and _end_after_cut(decoded, v))
-            for v in self.cut
-        )  # fmt: skip
+    def _hits(self, decoded: str, run: _Run) -> Iterator[tuple[int, int]]:
+        """Where ``decoded`` (a run's text) holds a value, and, in a run pytest cut
+        (``...``) short, a value's piece at the cut, as ``_mask_cut`` finds it."""
+        yield from self._found_in(decoded)
+        for value in self.cut if run.cut_start or run.cut_end else ():
+            size = _start_before_cut(decoded, value) if run.cut_end else 0
+            if size:
+                yield len(decoded) - size, len(decoded)
+            size = _end_after_cut(decoded, value) if run.cut_start else 0
+            if size:
+                yield 0, size
 
     def _found_in(self, decoded: str) -> Iterator[tuple[int, int]]:
         """Where ``decoded`` holds a value, as ``__call__`` finds them (a value of digits
