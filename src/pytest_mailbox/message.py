@@ -1534,6 +1534,14 @@ def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tupl
     return tuple(found)
 
 
+def _searched(pattern: str | None, texts: tuple[str, ...]) -> tuple[str, ...]:
+    """``texts`` as ``code()`` searches them: the default pattern looks outside links, and
+    not in a date, a time, or a copyright's year (``© 2026``); a pattern given, in all."""
+    if pattern is not None:
+        return texts
+    return tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
+
+
 def _undecoded(part: EmailMessage) -> bool:
     """A body part ``_payload`` found undecodable (it was decoded before: the email
     package records the defect then)."""
@@ -1878,25 +1886,13 @@ class Message:
         raise ExtractionError(msg, result=result)
 
     def _code_values(
-        self,
-        source: str,
-        pattern: str | None,
-        texts: tuple[str, ...],
-        text: str,
-        *,
-        grouped: bool = False,
+        self, source: str, pattern: str | None, texts: tuple[str, ...], text: str
     ) -> dict[str, None]:
-        """The values ``source`` finds in ``texts``: for the default pattern outside links,
-        dates and times, then glued to words where none stands alone; for a pattern given,
-        in an HTML body's hrefs where its text (``text``: the text part) has none.
-        ``grouped``: the codes written in groups only (``483 920``), looked for once
-        neither the text nor the HTML has a code standing alone or glued to a word: a
-        footer's ``Order 123-456`` or ``100 000 points`` is no code beside ``Code482913``."""
+        """The values ``source`` finds in ``texts`` (for the default pattern, as
+        ``_searched`` leaves them): for the default pattern, then glued to words where none
+        stands alone; for a pattern given, in an HTML body's hrefs where its text
+        (``text``: the text part) has none."""
         __tracebackhide__ = True
-        if pattern is None:  # nor in a date, a time, or a copyright's year (``© 2026``)
-            texts = tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
-        if grouped:
-            return self._spaced_codes(texts)
         values = self._codes(source, texts, given=pattern is not None)
         if not values and pattern is not None and not text.strip():
             # The HTML body was searched: its links are in its hrefs, which its text leaves
@@ -2009,18 +2005,21 @@ class Message:
             raise ExtractionError(msg, result={"message_id": self.message_id})
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
-        values = self._code_values(source, pattern, (self.body_text, self.subject), self.text)
+        texts = _searched(pattern, (self.body_text, self.subject))
+        values = self._code_values(source, pattern, texts, self.text)
+        html: tuple[str, ...] = ()
         if not values and self.html.strip() and _is_stub(self.text):
             # A text part with no code at all may be a stub ("view this mail in your
             # browser") beside the HTML that holds it: the HTML part is read then. Not
             # beside a text part of its own words, whose HTML adds a footer's phone
             # number, an order's number or a price: that mail has no code.
-            values = self._code_values(source, pattern, (self._html_text,), "")
-        if not values and pattern is None:  # a code in groups, where none stands alone
-            texts = (self.body_text, self.subject)
-            values = self._code_values(source, pattern, texts, self.text, grouped=True)
-            if not values and self.html.strip() and _is_stub(self.text):
-                values = self._code_values(source, pattern, (self._html_text,), "", grouped=True)
+            html = _searched(pattern, (self._html_text,))
+            values = self._code_values(source, pattern, html, "")
+        if not values and pattern is None:
+            # A code in groups (``483 920``), once neither the text nor the HTML has one
+            # standing alone or glued to a word: a footer's ``Order 123-456`` or ``100 000
+            # points`` is no code beside ``Code482913``.
+            values = self._spaced_codes(texts) or self._spaced_codes(html)
         result: dict[str, Any] = {
             "message_id": self.message_id,
             "kind": "code",
