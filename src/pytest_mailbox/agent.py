@@ -167,15 +167,16 @@ WholeNumber = Annotated[int, BeforeValidator(_whole)]
 #: A plus-tag as the schema says it: no ASCII but RFC 5322's atext, anything beyond ASCII
 #: (RFC 6531). ``_a_tag`` checks it first, in the Python API's words (its 64 octets too).
 _TAG_CHAR = r'[^\x00-\x20"(),:;<>@\[\\\]\x7f]'
-_TAG = f"^{_TAG_CHAR}{{0,64}}$"
 _TAG_ABOUT = (
     "Only mail sent to the address with this plus-tag ('friend' for alias+friend@domain), "
     "'' for mail to the address itself, null for either."
 )
 
 
-def _tag_field() -> Any:
-    return Field(default=None, pattern=_TAG, description=_TAG_ABOUT)
+def _tag_field(description: str = _TAG_ABOUT, *, least: int = 0) -> Any:
+    """A ``tag`` argument: a selector's may be '' (the address itself); a new address's
+    (``least=1``) may not."""
+    return Field(default=None, pattern=f"^{_TAG_CHAR}{{{least},64}}$", description=description)
 
 
 class _Tagged(_Arguments):
@@ -215,10 +216,8 @@ class ReserveMailbox(_Tagged):
         pattern=r"^[a-z][a-z0-9-]{0,29}$", description="What the mailbox is for, e.g. 'signup'."
     )
     ttl: WholeNumber = Field(ge=1, le=86400, description="Seconds the mailbox is needed for.")
-    tag: str | None = Field(
-        default=None,
-        pattern=f"^{_TAG_CHAR}{{1,64}}$",
-        description="A plus-tag such as 'friend', for a second address; null for the first.",
+    tag: str | None = _tag_field(
+        "A plus-tag such as 'friend', for a second address; null for the first.", least=1
     )
 
 
@@ -321,10 +320,8 @@ class RequestResend(_Tagged):
     _selects: ClassVar[bool] = False
 
     fixture_id: FixtureId
-    tag: str | None = Field(
-        default=None,
-        pattern=f"^{_TAG_CHAR}{{1,64}}$",
-        description="The plus-tag of the address to send to again; null for the first.",
+    tag: str | None = _tag_field(
+        "The plus-tag of the address to send to again; null for the first.", least=1
     )
 
 
