@@ -1050,9 +1050,7 @@ class AgentTools:
             return
         try:
             self._cancelled_after(call, answer)
-            status, latency_ms = call.status or answer.status, call.latency_ms or 0.0
-            entry = self._entry(call, status, call.reason, latency_ms)
-            self._journal.write(call.row, entry)
+            self._journaled(call, answer)
         except Exception:  # the answer stays as journaled, without the cancel
             log.warning(
                 "the cancel of agent tool call %s of %s could not be journaled\n%s",
@@ -1178,9 +1176,14 @@ class AgentTools:
         return _remasked(entry, call.hide)
 
     def _record(self, call: _Call, answer: Answer, started: float) -> None:
-        call.latency_ms = latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        call.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        self._journaled(call, answer)
+
+    def _journaled(self, call: _Call, answer: Answer) -> None:
+        """The call's entry in the journal, as it stands now (its row rewritten)."""
         status, reason = call.status or answer.status, call.reason or answer.reason
-        call.row = self._journal.write(call.row, self._entry(call, status, reason, latency_ms))
+        entry = self._entry(call, status, reason, call.latency_ms or 0.0)
+        call.row = self._journal.write(call.row, entry)
 
     def _decide(self, name: str, arguments: Mapping[str, Any] | str | None, call: _Call) -> Answer:
         tool = self._tools.get(name) if isinstance(name, str) else None
