@@ -574,7 +574,7 @@ def test_a_journal_removed_while_in_use_is_an_error_naming_it_not_a_new_empty_jo
         gone = (
             f"the agents' journal {journal} failed: unable to open database file (the file "
             "is gone: something removed it while the run used it (a cleanup, another "
-            "pytest run given the same --basetemp))"
+            "pytest run given the same --basetemp); no new, empty journal was made in its place)"
         )
 
         with caplog.at_level(logging.WARNING, logger="pytest_mailbox.agent"):

@@ -566,7 +566,7 @@ class _Journal:
         try:
             conn = sqlite3.connect(self._uri, timeout=60.0, isolation_level=None, uri=True)
         except sqlite3.Error as exc:
-            why = f"the file is gone: {REMOVED}"
+            why = f"the file is gone: {REMOVED}; no new, empty journal was made in its place"
             if Path(os.path.abspath(self.path)).exists():
                 why = "is its disk full, or did another program change the file?"
             msg = f"the agents' journal {self.path} failed: {exc} ({why})"
