@@ -22,7 +22,12 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 #: The pages whose every Python block is an excerpt of an example the suite runs.
 EXCERPTS = ("recipes.md",)
 #: Pages of which only some blocks are excerpts: (page, position of the block).
-SOME = (("getting-started.md", 0), ("getting-started.md", 2))
+SOME = (
+    ("getting-started.md", 0),
+    ("getting-started.md", 2),
+    ("agents.md", 4),  # with the OpenAI Agents SDK: its FunctionTools
+    ("agents.md", 5),  # and over MCP
+)
 
 
 def blocks(page: str) -> list[str]:

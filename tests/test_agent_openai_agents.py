@@ -1,0 +1,210 @@
+"""A real agent framework on the agent surface: the OpenAI Agents SDK's Runner, with its
+ScriptedModel standing in for the model (no network), calls the generated definitions as
+its FunctionTools in-process, and the tools of the stdio MCP server through its
+MCPServerStdio, against the session's sink (see test_agent.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, function_tool
+from agents.mcp import MCPServerStdio
+from agents.strict_schema import ensure_strict_json_schema
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
+from agents.tool_context import ToolContext
+from test_agent import APP, SIGNUP, TOOLS, SignupApp, trail
+
+from pytest_mailbox import Mailbox
+from pytest_mailbox.agent import AgentTools
+from pytest_mailbox.contract import dump_receipt
+from pytest_mailbox.sink import SmtpEndpoint
+
+OFFLINE = RunConfig(tracing_disabled=True)  # the SDK's traces would go to OpenAI's API
+
+
+@pytest.fixture
+def app(mailbox_server: SmtpEndpoint) -> SignupApp:
+    return SignupApp(mailbox_server.host, mailbox_server.port)
+
+
+def function_tools(tools: AgentTools) -> list[FunctionTool]:
+    """The toolset as the SDK's FunctionTools, from the generated strict definitions."""
+
+    def bind(name: str) -> Callable[[ToolContext[Any], str], Any]:
+        async def run(ctx: ToolContext[Any], arguments: str) -> str:
+            # JSON text: the SDK hands the model str() of any other value, a Python repr
+            return json.dumps(await tools.acall(name, arguments, ctx.tool_call_id))
+
+        return run
+
+    return [
+        FunctionTool(
+            name=d["function"]["name"],
+            description=d["function"]["description"],
+            params_json_schema=d["function"]["parameters"],
+            on_invoke_tool=bind(d["function"]["name"]),
+            strict_json_schema=True,
+        )
+        for d in tools.definitions("openai")
+    ]
+
+
+def outputs(call: ModelCall) -> dict[str, Any]:
+    """The latest output of each tool in the conversation so far, by tool name: the
+    mailbox tools' answers read back from their JSON text (an MCP tool's is in a text
+    part of its content), the harness's text as it is."""
+    names: dict[str, str] = {}
+    found: dict[str, Any] = {}
+    for item in call.input if isinstance(call.input, list) else []:
+        entry = item if isinstance(item, dict) else item.model_dump()
+        if entry.get("type") == "function_call":
+            names[entry["call_id"]] = entry["name"]
+        elif entry.get("type") == "function_call_output":
+            text = entry["output"]
+            if isinstance(text, list):  # an MCP tool's content: its text parts
+                text = "".join(part["text"] for part in text)
+            found[names[entry["call_id"]]] = json.loads(text) if text.startswith("{") else text
+    return found
+
+
+def signing_up(own: str, address: str) -> Callable[[ModelCall], list[Any]]:
+    """A model that signs up, waits for the mail, claims it, has it opened, acks and
+    releases, one turn each but the first: sign_up and wait_for_message in one turn, as a
+    model calls tools in parallel (the wait must see the mail the other call sends)."""
+
+    def step(call: ModelCall) -> list[Any]:
+        got = outputs(call)
+        if "wait_for_message" not in got:
+            wait = {"fixture_id": own, "kind": "link", "timeout": 10, "tag": None}
+            return [
+                function_call("sign_up", {"email": address}, call_id="call_1"),
+                function_call("wait_for_message", wait, call_id="call_2"),
+            ]
+        message_id = got["wait_for_message"]["message_id"]
+        if "claim_message" not in got:
+            selector = {"message_id": message_id, "subject_contains": None, "tag": None}
+            claim = {"fixture_id": own, "selector": selector, "lease": None}
+            return [function_call("claim_message", claim, call_id="call_3")]
+        if "open_verification_link" not in got:
+            opened = {"message_id": message_id}
+            return [function_call("open_verification_link", opened, call_id="call_4")]
+        if "ack_message" not in got:
+            fence = got["claim_message"]["fence"]
+            ack = {"fixture_id": own, "message_id": message_id, "fence": fence}
+            return [function_call("ack_message", ack, call_id="call_5")]
+        if "release_mailbox" not in got:
+            release = {"fixture_id": own, "reason": "released_success"}
+            return [function_call("release_mailbox", release, call_id="call_6")]
+        return [assistant_message("Signed up and verified.")]
+
+    return step
+
+
+def harness(tools: AgentTools, app: SignupApp) -> list[FunctionTool]:
+    """The test's own tools: the app's form, and opening the link the model never sees."""
+
+    @function_tool
+    def sign_up(email: str) -> str:
+        """Fill in the app's sign-up form."""
+        app.signup(email)
+        return "signed up; check the mailbox"
+
+    @function_tool
+    def open_verification_link(message_id: str) -> str:
+        """The harness opens the message's link; the model never sees it."""
+        return "verified" if app.verify(tools.reveal(message_id, domain=APP)) else "refused"
+
+    return [sign_up, open_verification_link]
+
+
+SIGNED_UP = [
+    ("wait_for_message", ["proposed", "allowed", "executed"], "waiting"),
+    ("claim_message", ["proposed", "allowed", "executed"], "claimed"),
+    ("ack_message", ["proposed", "allowed", "executed"], "consumed"),
+    ("release_mailbox", ["proposed", "allowed", "executed"], "released"),
+]
+
+
+def test_the_sdk_takes_the_openai_definitions_as_strict_without_rewriting_them(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """The SDK's strict check (every property required, closed objects, no `oneOf`)
+    accepts every definition as it is: a schema it had to rewrite would offer the model
+    another tool than the one the toolset validates against."""
+    tools = isolated_mailbox.agent_tools(resend=lambda address: None)
+    for definition in tools.definitions("openai"):
+        parameters = definition["function"]["parameters"]
+        assert ensure_strict_json_schema(copy.deepcopy(parameters)) == parameters
+    offered = {t.name: t.params_json_schema for t in function_tools(tools)}
+    generated = {d["function"]["name"]: d["function"]["parameters"] for d in tools.definitions()}
+    assert offered == generated
+
+
+@SIGNUP
+def test_the_sdk_runner_signs_up_through_the_function_tools(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    tools = isolated_mailbox.agent_tools()
+    step = signing_up(isolated_mailbox.mailbox_id, isolated_mailbox.address)
+    model = ScriptedModel([ModelStep.respond(step) for _ in range(6)])
+    agent = Agent(name="signup", model=model, tools=[*function_tools(tools), *harness(tools, app)])
+
+    result = asyncio.run(Runner.run(agent, "Sign up and verify the address.", run_config=OFFLINE))
+
+    assert result.final_output == "Signed up and verified."
+    assert isolated_mailbox.address in app.verified
+    assert model.first_call is not None
+    assert [t.name for t in model.first_call.tools][:5] == TOOLS.split(", ")
+    assert trail(isolated_mailbox) == SIGNED_UP
+    receipt = isolated_mailbox.receipt()
+    assert [e.tool_call_id for e in receipt.evidence or []] == [f"call_{i}" for i in (2, 3, 5, 6)]
+    transcript = json.dumps(result.to_input_list(), default=str)
+    app.assert_secret_free(transcript, dump_receipt(receipt))
+
+
+@SIGNUP
+def test_the_sdk_runner_signs_up_through_the_mcp_server_s_tools_kept_strict(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """The SDK starts the server from mcp_command(), lists its tools and, asked for
+    strict schemas, gets them from every tool's inputSchema (a schema it cannot make
+    strict it would offer as non-strict, with a log line only); each answer reaches the
+    model as the JSON of the answer."""
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    step = signing_up(isolated_mailbox.mailbox_id, isolated_mailbox.address)
+    model = ScriptedModel([ModelStep.respond(step) for _ in range(6)])
+
+    async def run() -> Any:
+        server = MCPServerStdio(
+            {"command": command[0], "args": command[1:], "env": dict(os.environ)},
+            # above the longest wait the agent may ask for (60 s): the SDK's default is 5 s
+            client_session_timeout_seconds=90,
+        )
+        async with server:
+            agent = Agent(
+                name="signup",
+                model=model,
+                tools=harness(tools, app),
+                mcp_servers=[server],
+                mcp_config={"convert_schemas_to_strict": True},
+            )
+            listed = await agent.get_all_tools(RunContextWrapper(None))
+            strict = {t.name: t.strict_json_schema for t in listed if isinstance(t, FunctionTool)}
+            result = await Runner.run(agent, "Sign up and verify the address.", run_config=OFFLINE)
+            return strict, result
+
+    strict, result = asyncio.run(run())
+
+    assert strict == dict.fromkeys([*TOOLS.split(", "), "sign_up", "open_verification_link"], True)
+    assert result.final_output == "Signed up and verified."
+    assert isolated_mailbox.address in app.verified
+    assert trail(isolated_mailbox) == SIGNED_UP
+    transcript = json.dumps(result.to_input_list(), default=str)
+    app.assert_secret_free(transcript, dump_receipt(isolated_mailbox.receipt()))
