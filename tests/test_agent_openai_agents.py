@@ -18,6 +18,9 @@ from agents.mcp import MCPServerStdio
 from agents.strict_schema import ensure_strict_json_schema
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
+from openai.types.chat import ChatCompletionToolUnionParam
+from openai.types.responses import FunctionToolParam
+from pydantic import TypeAdapter, ValidationError
 from test_agent import APP, SIGNUP, TOOLS, SignupApp, trail
 
 from pytest_mailbox import Mailbox
@@ -144,6 +147,28 @@ def test_the_sdk_takes_the_openai_definitions_as_strict_without_rewriting_them(
     offered = {t.name: t.params_json_schema for t in function_tools(tools)}
     generated = {d["function"]["name"]: d["function"]["parameters"] for d in tools.definitions()}
     assert offered == generated
+
+
+def test_each_openai_format_is_the_shape_its_api_takes_in_the_openai_sdk(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """Chat Completions nests the function (``{"type", "function": {...}}``), the
+    Responses API, which the Agents SDK calls, does not (``{"type", "name", ...}``), and
+    each API refuses the other's shape. Only the first was offered: a harness calling
+    ``responses.create`` had to take the definitions apart."""
+    tools = isolated_mailbox.agent_tools()
+    chat, responses = TypeAdapter(ChatCompletionToolUnionParam), TypeAdapter(FunctionToolParam)
+    nested = tools.definitions("openai")
+    flat = tools.definitions("openai-responses")
+
+    assert [responses.validate_python(d) for d in flat] == flat
+    assert [chat.validate_python(d) for d in nested] == nested
+    for wrong, adapter in ((nested[0], responses), (flat[0], chat)):
+        with pytest.raises(ValidationError, match="Field required"):
+            adapter.validate_python(wrong)
+    assert flat == [{"type": "function", **d["function"]} for d in nested]
+    with pytest.raises(ValueError, match="choose one of: openai, openai-responses, anthropic"):
+        tools.definitions("responses")  # type: ignore[arg-type]
 
 
 @SIGNUP

@@ -107,6 +107,9 @@ MAX_CALLS = 200
 #: ``timeout`` if longer), in seconds: a poll reads ordinary mail whole, and a few huge
 #: messages (up to a second each) are read over several calls.
 READ_ALLOWANCE = 1.0
+#: The shapes ``definitions()`` gives: OpenAI's Chat Completions and Responses APIs (one
+#: nests the function, the other does not, and each refuses the other's), Anthropic, MCP.
+FORMATS = ("openai", "openai-responses", "anthropic", "mcp")
 
 _FIXTURE_ID = r"^mbx-[0-9a-f]{4,32}$"
 _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
@@ -916,19 +919,22 @@ class AgentTools:
     # -- definitions -------------------------------------------------------------------------
 
     def definitions(
-        self, format: Literal["openai", "anthropic", "mcp"] = "openai"
+        self, format: Literal["openai", "openai-responses", "anthropic", "mcp"] = "openai"
     ) -> list[dict[str, Any]]:
-        """The tools as JSON-schema definitions, in the shape that SDK or protocol accepts."""
-        if format not in ("openai", "anthropic", "mcp"):
-            msg = f"format={format!r} is not supported; choose 'openai', 'anthropic' or 'mcp'"
+        """The tools as JSON-schema definitions, in the shape that SDK or protocol accepts:
+        ``openai`` for Chat Completions, ``openai-responses`` for the Responses API."""
+        if format not in FORMATS:
+            msg = f"format={format!r} is not supported; choose one of: {', '.join(FORMATS)}"
             raise ValueError(msg)
         found: list[dict[str, Any]] = []
         for tool in self._tools.values():
-            schema = _schema(tool.arguments, strict=format == "openai")
+            schema = _schema(tool.arguments, strict=format.startswith("openai"))
             about = {"name": tool.name, "description": tool.description}
             if format == "openai":
                 function = {**about, "parameters": schema, "strict": True}
                 found.append({"type": "function", "function": function})
+            elif format == "openai-responses":  # the same function, not nested
+                found.append({"type": "function", **about, "parameters": schema, "strict": True})
             elif format == "anthropic":
                 found.append({**about, "input_schema": schema})
             else:
