@@ -854,7 +854,12 @@ def test_ttl_and_lease_beyond_the_limits_are_policy_denied(
             {"fixture_id": "FID", "selector": "the verify mail"},  # not the class's name
             "invalid arguments for claim_message: selector: should be a JSON object",
         ),
-        ("ack_message", "fence=7", "the arguments of ack_message must be a JSON object"),
+        (
+            "ack_message",
+            "fence=7",
+            "the arguments of ack_message are not JSON "
+            "(Expecting value: line 1 column 1 (char 0)): send them whole, as one object",
+        ),
         ("ack_message", "[" * 100_000, "the arguments of ack_message must be a JSON object"),
         ("release_mailbox", "[]", "the arguments of release_mailbox must be a JSON object"),
         (

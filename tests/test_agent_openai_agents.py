@@ -233,3 +233,46 @@ def test_the_sdk_runner_signs_up_through_the_mcp_server_s_tools_kept_strict(
     assert trail(isolated_mailbox) == SIGNED_UP
     transcript = json.dumps(result.to_input_list(), default=str)
     app.assert_secret_free(transcript, dump_receipt(isolated_mailbox.receipt()))
+
+
+@SIGNUP
+def test_arguments_cut_short_are_answered_as_not_json_and_the_model_sends_them_whole(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A reply cut off at the model's token limit leaves a call's arguments cut short;
+    the SDK hands them on as they are. The answer said "must be a JSON object" to a call
+    that was one, cut short, and did not say what was wrong."""
+    tools = isolated_mailbox.agent_tools()
+    app.signup(isolated_mailbox.address)
+    own = isolated_mailbox.mailbox_id
+    whole = json.dumps({"fixture_id": own, "kind": "link", "timeout": 10, "tag": None})
+    told: list[dict[str, Any]] = []
+
+    def resend(call: ModelCall) -> list[Any]:
+        told.append(outputs(call)["wait_for_message"])
+        return [function_call("wait_for_message", whole, call_id="call_2")]
+
+    model = ScriptedModel(
+        [
+            [function_call("wait_for_message", whole[:40], call_id="call_1")],
+            ModelStep.respond(resend),
+            [assistant_message("Found it.")],
+        ]
+    )
+    agent = Agent(name="signup", model=model, tools=function_tools(tools))
+
+    result = asyncio.run(Runner.run(agent, "Wait for the sign-up mail.", run_config=OFFLINE))
+
+    assert result.final_output == "Found it."
+    assert told == [
+        {
+            "status": "rejected",
+            "reason": "the arguments of wait_for_message are not JSON (Unterminated string "
+            "starting at: line 1 column 36 (char 35)): send them whole, as one object",
+            "next_action": {"do": "fix_arguments", "tool": "wait_for_message"},
+        }
+    ]
+    assert [(tool, status) for tool, _, status in trail(isolated_mailbox)] == [
+        ("wait_for_message", "rejected"),
+        ("wait_for_message", "waiting"),
+    ]

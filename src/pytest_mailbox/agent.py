@@ -822,6 +822,9 @@ def _problems(tool: str, exc: Exception) -> str:
     too_long = "integer string conversion" in str(exc)  # Python's int limit, in json.loads
     if not isinstance(exc, ValidationError) and too_long:
         return f"the arguments of {tool} hold a number too long to read (over 4,300 digits)"
+    if isinstance(exc, json.JSONDecodeError):  # a reply cut short (its token limit), say
+        # The parser's own words name a position, never the text.
+        return f"the arguments of {tool} are not JSON ({exc}): send them whole, as one object"
     if not isinstance(exc, ValidationError):
         return f"the arguments of {tool} must be a JSON object"
     problems = []
