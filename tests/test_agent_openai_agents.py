@@ -10,6 +10,7 @@ import copy
 import json
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -276,3 +277,43 @@ def test_arguments_cut_short_are_answered_as_not_json_and_the_model_sends_them_w
         ("wait_for_message", "rejected"),
         ("wait_for_message", "waiting"),
     ]
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=120, lease=30, link_domains=[APP], max_reads=5)
+def test_parallel_waits_leave_the_event_loop_s_own_threads_to_the_sign_up(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """The SDK runs a sync function tool (the app's sign-up) in the event loop's default
+    executor, as asyncio runs getaddrinfo there: os.cpu_count() + 4 threads, 6 on two
+    cores. acall's waits ran there too, so a turn of as many waits as it has threads held
+    them all, and the sign-up whose mail they waited for ran only once they had given up.
+    Here the executor has 2 threads, and the turn 2 waits and the sign-up."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    wait = {"fixture_id": own, "kind": "link", "timeout": 5, "tag": None}
+    model = ScriptedModel(
+        [
+            [
+                function_call("wait_for_message", wait, call_id="call_1"),
+                function_call("wait_for_message", wait, call_id="call_2"),
+                function_call("sign_up", {"email": isolated_mailbox.address}, call_id="call_3"),
+            ],
+            [assistant_message("Found it.")],
+        ]
+    )
+    agent = Agent(name="signup", model=model, tools=[*function_tools(tools), *harness(tools, app)])
+
+    async def run() -> Any:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2))
+        return await Runner.run(agent, "Sign up and wait for the mail.", run_config=OFFLINE)
+
+    result = asyncio.run(run())
+
+    assert result.final_output == "Found it."
+    found = [
+        json.loads(item.output)
+        for item in result.new_items
+        if getattr(item, "type", None) == "tool_call_output_item" and item.output.startswith("{")
+    ]
+    assert [answer["status"] for answer in found] == ["waiting", "waiting"]
+    assert all(answer.get("message_id") for answer in found), found

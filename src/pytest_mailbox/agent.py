@@ -21,6 +21,7 @@ back redacted, and the test side reads the real value with ``AgentTools.reveal``
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import json
@@ -35,11 +36,12 @@ import time
 import traceback
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from filelock import FileLock
 from pydantic import (
@@ -93,7 +95,15 @@ from pytest_mailbox.settings import argument
 from pytest_mailbox.store import REMOVED, Outcome, Store, existing_uri, owner_only
 from pytest_mailbox.vocabulary import Checkpoint, shown, utc
 
-__all__ = ["MAX_CALLS", "MAX_NEAR_MISSES", "AgentTools", "Answer", "NextAction", "journal_path"]
+__all__ = [
+    "ACALL_THREADS",
+    "MAX_CALLS",
+    "MAX_NEAR_MISSES",
+    "AgentTools",
+    "Answer",
+    "NextAction",
+    "journal_path",
+]
 
 #: The polling hint of an answer that found nothing yet.
 POLL_AFTER_MS = 500
@@ -110,6 +120,30 @@ READ_ALLOWANCE = 1.0
 #: The shapes ``definitions()`` gives: OpenAI's Chat Completions and Responses APIs (one
 #: nests the function, the other does not, and each refuses the other's), Anthropic, MCP.
 FORMATS = ("openai", "openai-responses", "anthropic", "mcp")
+#: The most ``acall`` calls that run at once on asyncio, each in a thread of these tools'
+#: own; more wait their turn. Not in the event loop's default executor (os.cpu_count() + 4
+#: threads), which also runs the loop's other blocking work (getaddrinfo, an agent
+#: framework's sync tools): waits that held all of it starved the app's sign-up whose mail
+#: they waited for. As many as the MCP server's.
+ACALL_THREADS = 40
+_T = TypeVar("_T")
+_acall_threads: list[ThreadPoolExecutor] = []
+_acall_threads_made = threading.Lock()
+
+
+def _in_own_thread(function: Callable[[], _T]) -> asyncio.Future[_T]:
+    """``function`` run in one of ``ACALL_THREADS`` threads of its own, in this context (as
+    ``asyncio.to_thread`` runs it), awaitable on the running loop."""
+    with _acall_threads_made:
+        if not _acall_threads:
+            _acall_threads.append(
+                ThreadPoolExecutor(ACALL_THREADS, thread_name_prefix="pytest-mailbox-acall")
+            )
+    context = contextvars.copy_context()
+    return asyncio.get_running_loop().run_in_executor(
+        _acall_threads[0], functools.partial(context.run, function)
+    )
+
 
 _FIXTURE_ID = r"^mbx-[0-9a-f]{4,32}$"
 _MESSAGE_ID = r"^m-[0-9a-f]{4,32}$"
@@ -1104,7 +1138,7 @@ class AgentTools:
 
         try:
             if trio is None:
-                return await asyncio.to_thread(run)
+                return await _in_own_thread(run)
             answer: dict[str, Any] = await trio.to_thread.run_sync(run, abandon_on_cancel=True)
             return answer
         except BaseException:  # cancelled: the answer will not be read
@@ -1113,7 +1147,7 @@ class AgentTools:
                 if not started[0]:  # no thread ran the call, nor will: nothing to wait for
                     raise
             if trio is None:  # anyio's scopes cancel again at each await: each is waited out
-                stopped = asyncio.ensure_future(asyncio.to_thread(back.wait))
+                stopped = _in_own_thread(back.wait)
                 while not stopped.done():
                     with suppress(asyncio.CancelledError):
                         await asyncio.shield(stopped)
