@@ -150,6 +150,43 @@ def test_the_sdk_takes_the_openai_definitions_as_strict_without_rewriting_them(
     assert offered == generated
 
 
+def test_a_dict_a_function_tool_returns_reaches_the_model_as_python_s_str_of_it(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """Why the docs' FunctionTools return json.dumps of the answer: the SDK hands the model
+    str() of any other value, which is no JSON (``None``, ``True``, single quotes)."""
+    tools = isolated_mailbox.agent_tools()
+    arguments = {"purpose": isolated_mailbox.purpose, "ttl": 60, "tag": None}
+
+    async def as_dict(ctx: ToolContext[Any], text: str) -> dict[str, Any]:
+        return await tools.acall("reserve_mailbox", text, ctx.tool_call_id)
+
+    (definition,) = tools.definitions("openai")[:1]
+    raw = FunctionTool(
+        name="reserve_mailbox",
+        description=definition["function"]["description"],
+        params_json_schema=definition["function"]["parameters"],
+        on_invoke_tool=as_dict,
+    )
+    model = ScriptedModel(
+        [[function_call("reserve_mailbox", arguments, call_id="call_1")], [assistant_message("")]]
+    )
+    result = asyncio.run(
+        Runner.run(Agent(name="a", model=model, tools=[raw]), "Reserve.", run_config=OFFLINE)
+    )
+
+    assert result.final_output == ""
+    assert model.last_call is not None  # what the model was given back
+    (output,) = [
+        item["output"]
+        for item in model.last_call.input
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    ]
+    assert output.startswith("{'status': 'reserved'")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(output)
+
+
 def test_each_openai_format_is_the_shape_its_api_takes_in_the_openai_sdk(
     isolated_mailbox: Mailbox,
 ) -> None:
