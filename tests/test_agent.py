@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import smtplib
@@ -55,6 +56,7 @@ from pytest_mailbox import agent as agent_module
 from pytest_mailbox import message as message_module
 from pytest_mailbox.agent import AgentTools, Answer, journal_path
 from pytest_mailbox.contract import dump_receipt
+from pytest_mailbox.mcp_server import TOOL_CALL_ID_META
 from pytest_mailbox.mcp_server import main as mcp_main
 from pytest_mailbox.mcp_server import serve as mcp_serve
 from pytest_mailbox.sink import MailSink, SmtpEndpoint
@@ -3713,6 +3715,53 @@ def test_a_cancel_read_after_the_call_returned_is_journaled_once_its_answer_is_h
         "gets it back (already_claimed, with its fence)"
     )
     assert entry.latency_ms > 0  # as first journaled
+
+
+@SIGNUP
+def test_an_mcp_call_s_evidence_keeps_the_model_s_id_its_client_gives_in_meta(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """An entry from the server had only the server's id (``mcp-<server>-<request id>``),
+    which no model transcript holds: a client that names the model's id of the call in
+    ``_meta`` now finds the entry by it. Masked as any tool_call_id; a value that is not
+    a text is left out."""
+    app.signup(isolated_mailbox.address)
+    link = isolated_mailbox.wait_for(timeout=10).link(APP)
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    reserve = {"purpose": "signup", "ttl": 60}
+    metas: list[dict[str, Any] | None] = [
+        {TOOL_CALL_ID_META: "toolu_01A09q90qw90lq917835lq9"},
+        {TOOL_CALL_ID_META: f"see {link}"},
+        {TOOL_CALL_ID_META: 7},
+        {TOOL_CALL_ID_META: ""},
+        {"progressToken": 1},
+        None,
+    ]
+
+    async def session() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            for meta in metas:
+                result = await client.call_tool("reserve_mailbox", reserve, meta=meta)  # type: ignore[arg-type]
+                assert result.structured_content is not None
+                assert result.structured_content["status"] == "reserved"
+
+    asyncio.run(session())
+
+    ids = [e.tool_call_id for e in tools.evidence()]
+    servers = [i.split("/", 1)[0] for i in ids]
+    assert all(re.fullmatch(r"mcp-[0-9a-f]{12}-\d+", i) for i in servers), ids
+    assert [i.split("/", 1)[1:] for i in ids] == [
+        ["toolu_01A09q90qw90lq917835lq9"],
+        [f"see https://{APP}/…?token=…"],
+        [],
+        [],
+        [],
+        [],
+    ]
+    app.assert_secret_free(dump_receipt(isolated_mailbox.receipt()))
 
 
 @SIGNUP

@@ -16,6 +16,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 
 from pytest_mailbox import Mailbox, MailSink
 from pytest_mailbox.agent import AgentTools
+from pytest_mailbox.mcp_server import TOOL_CALL_ID_META
 
 APP = "app.example.test"
 OFFLINE = RunConfig(tracing_disabled=True)  # the SDK sends its traces to OpenAI otherwise
@@ -73,6 +74,8 @@ async def run_over_mcp(tools: AgentTools, model: Model) -> RunResult:
     server = MCPServerStdio(
         {"command": command[0], "args": command[1:]},
         client_session_timeout_seconds=90,  # longer than any wait: the default is 5 s
+        # the model's id of each call, for the evidence (else the server's id alone)
+        tool_meta_resolver=lambda meta: {TOOL_CALL_ID_META: meta.run_context.tool_call_id},
     )
     async with server:
         agent = Agent(
@@ -117,5 +120,7 @@ def test_an_openai_agents_agent_claims_the_mail_through_the_mcp_server(
     result = asyncio.run(run_over_mcp(tools, model))
 
     assert result.final_output == "Claimed the verification mail."
-    (claim,) = [e for e in tools.evidence() if e.tool == "claim_message"]
+    wait, claim = tools.evidence()
     assert claim.status == "claimed"
+    # the server's id of each call, then the model's
+    assert [e.tool_call_id.split("/")[1] for e in (wait, claim)] == ["call_1", "call_2"]

@@ -45,11 +45,15 @@ if TYPE_CHECKING:
     from mcp.shared.message import SessionMessage
     from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult
 
-__all__ = ["build_server", "main", "serve"]
+__all__ = ["TOOL_CALL_ID_META", "build_server", "main", "serve"]
 
 _MISSING = "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
 #: The most tool calls that run at once, each in a worker thread; more wait their turn.
 _CALL_THREADS = 40
+#: The key of a call's ``_meta`` under which a client may name the model's own id for the
+#: call (``call_…``, ``toolu_…``): the evidence then keeps it after the server's, so an
+#: entry can be found in the model's transcript, as an in-process call's can.
+TOOL_CALL_ID_META = "pytest-mailbox/tool_call_id"
 
 
 def build_server(tools: AgentTools) -> Server[Any]:
@@ -99,7 +103,7 @@ def _build_server(tools: AgentTools, cancelled: Callable[[object], threading.Eve
             tools._call,
             params.name,
             params.arguments or {},
-            f"{prefix}{ctx.request_id}",
+            f"{prefix}{ctx.request_id}{_model_s(params.meta)}",
             flag,
             limiter=calls,
         )
@@ -120,6 +124,13 @@ def _build_server(tools: AgentTools, cancelled: Callable[[object], threading.Eve
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+def _model_s(meta: object) -> str:
+    """``/`` and the model's id for a call, which its client gave in ``_meta`` (a text), else
+    nothing; the evidence masks it as any tool_call_id."""
+    named = meta.get(TOOL_CALL_ID_META) if isinstance(meta, dict) else None
+    return f"/{named}" if isinstance(named, str) and named else ""
 
 
 _T = TypeVar("_T")
