@@ -1871,3 +1871,54 @@ def test_a_number_in_groups_does_not_shadow_a_code_found_before(
     msg = Message(build(text=text, html=html), message_id="m-1")
 
     assert msg.code() == "482913"
+
+
+@pytest.mark.parametrize(
+    "footer",
+    [
+        "Google LLC, 1600 Amphitheatre Parkway, Mountain View, CA 94043, USA",
+        "Acme, Inc. \N{MIDDLE DOT} 10800 NE 8th Street, Suite 700 \N{MIDDLE DOT} Bellevue, "
+        "WA 98004",
+        "GitHub, Inc. \N{KATAKANA MIDDLE DOT}88 Colin P Kelly Jr Street, San Francisco, CA 94107",
+        "Acme, P.O. Box 1234, Springfield, IL 62701-1234",
+        "Acme, 12 rue de Rivoli, 75001 Paris",
+        "Acme GmbH, Hauptstra\N{LATIN SMALL LETTER SHARP S}e 5, 10115 Berlin",
+        "Requested on December 3, 2026 at 4:30 PM UTC.",
+        "Your password was changed on 3 Dec 2026 at 16:30.",
+        "Sent Dec. 3rd, 2026.",
+        "Your statement for December 2026 is ready.",
+        "Paid with Visa \N{EN DASH} 4242",
+        "Charged to the card ending in 4242.",
+        "Card: \N{BULLET}\N{BULLET}\N{BULLET}\N{BULLET} 4242",
+        "Your order #10482 has shipped.",
+    ],
+)
+def test_a_footers_address_a_date_in_words_a_card_or_an_order_number_is_no_code(
+    footer: str,
+) -> None:
+    """Senders' footers give their postal address, notices the date in words, receipts a
+    card's last four digits and an order's number: each was a second code beside the mail's
+    (code() refused it as ambiguous), or the one code of a mail that has none, or of one
+    whose code has letters (Slack's mail returned its ZIP code, ``94105``)."""
+    assert plain(f"Your code is 482913. It expires in 10 minutes.\n\n{footer}\n").code() == (
+        "482913"
+    )
+    assert plain(f"Your code is 483 920.\n\n{footer}\n").code() == "483920"
+    with pytest.raises(ExtractionError, match="no code matching"):
+        plain(f"Thanks for your order.\n\n{footer}\n").code()
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("Your code: 482913 Main Street", "482913"),  # six digits: never a street's number
+        ("Code 48291. Acme Way", "48291"),
+        ("Hi Jane, 48291 is your code.", "48291"),
+        ("Your code for May: 4829", "4829"),
+        ("Visa verification code 4829", "4829"),
+    ],
+)
+def test_a_code_beside_words_an_address_or_a_date_uses_is_still_the_code(
+    text: str, code: str
+) -> None:
+    assert plain(text).code() == code

@@ -38,10 +38,11 @@ __all__ = ["Index", "Message", "Recorded", "digest", "index", "mask_secrets", "r
 
 #: Four to eight digits standing alone: not part of a longer number, nor of a word of
 #: ASCII letters and digits (a token's ``a1b23456c``), nor joined to other digits by a
-#: dash or a dot (a phone number's ``1-800-555-0199``, a reference's ``2026-000417``).
-#: Links, dates and times are taken out of the text before it is searched
+#: dash or a dot (a phone number's ``1-800-555-0199``, a reference's ``2026-000417``), nor
+#: after ``#`` (an order's ``#10482``). Links, dates and times, a postal address's and a
+#: card's numbers are taken out of the text before it is searched
 #: (``Message.code``): a link's token holds digit runs at random.
-DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_])(?<!\d[-.])\d{4,8}(?![\dA-Za-z_])(?![-.]\d)"
+DEFAULT_CODE_PATTERN = r"(?<![\dA-Za-z_#])(?<!\d[-.])\d{4,8}(?![\dA-Za-z_])(?![-.]\d)"
 _DEFAULT_CODE_SHOWN = (
     "the default pattern (4 to 8 digits outside links, standing alone, or glued to a word "
     "where none stand alone, or in groups such as 483 920 or 483-920 where neither is)"
@@ -49,7 +50,7 @@ _DEFAULT_CODE_SHOWN = (
 #: Looked for only when the default finds nothing: four to eight digits not touching other
 #: digits, as an HTML body's inline tags leave them glued to words (``Code<b>482913</b>``
 #: reads ``Code482913``). Outside links, and not a part of a longer number, too.
-_GLUED_CODE_PATTERN = r"(?<![\d])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
+_GLUED_CODE_PATTERN = r"(?<![\d#])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
 #: Looked for only when no code stands alone or glued (``_GLUED_CODE_PATTERN``), in the text
 #: part nor in the HTML beside a stub one: a code shown in groups to be read, two of
 #: three digits joined by a space (a no-break or narrow one too) or a dash (``483 920``,
@@ -121,6 +122,52 @@ _DATE_OR_TIME = re.compile(
     _WHEN.replace(r"(?:\d{4} )?", rf"(?:(?<=\b(?:{_MONTHS}) )\d{{4}} )?")
     + r"|(?:\u00a9|\([cC]\)|\b[Cc]opyright\b)[ \t\u00a0\u00a9]{0,8}"
     + r"\d{4}(?:\s*[-\u2013]\s*\d{4})?(?!\d)"
+)
+#: A date written in words, as a notice states when it was asked for (``December 3, 2026``,
+#: ``3 Dec 2026``, ``Dec. 3rd, 2026``, ``December 2026``): its year is no code.
+_MONTH_NAMES = (
+    "January|February|March|April|May|June|July|August|September|October|November|December"
+    f"|Sept|{_MONTHS}"
+)
+_DATE_IN_WORDS = re.compile(
+    rf"\b(?:(?:{_MONTH_NAMES})\.?(?:[ \u00a0]+\d{{1,2}}(?:st|nd|rd|th)?)?"
+    rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ \u00a0]+(?:{_MONTH_NAMES})\.?),?[ \u00a0]+\d{{4}}(?!\d)"
+)
+#: The numbers of a postal address, as a sender's footer states it: a street's number
+#: before its name (``1600 Amphitheatre Parkway``, ``10800 NE 8th Street``), or before a
+#: French or Spanish street word (``12 rue de Rivoli``), a suite's (``Suite 700``), a US
+#: ZIP code after its state (``Mountain View, CA 94043``), a postal code after a comma
+#: before a city that ends the line (``, 75001 Paris``). At most five digits: a code of
+#: six or more is never taken for one.
+_US_STATES = (
+    "AL|AK|AZ|AR|CA|CO|CT|DE|DC|FL|GA|HI|ID|IL|IN|IA|KS|KY|LA|ME|MD|MA|MI|MN|MS|MO|MT|NE|NV"
+    "|NH|NJ|NM|NY|NC|ND|OH|OK|OR|PA|PR|RI|SC|SD|TN|TX|UT|VT|VA|WA|WV|WI|WY"
+)
+_STREET_TYPES = (
+    "Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Drive|Dr|Lane|Ln|Way|Parkway|Pkwy|Court"
+    "|Ct|Place|Pl|Square|Sq|Terrace|Highway|Hwy|Plaza|Circle|Broadway"
+)
+_ADDRESS_NUMBER = re.compile(
+    r"(?<![\w.,-])\d{1,5}[A-Za-z]?(?:[ \u00a0](?:\d{1,3}(?:st|nd|rd|th)"
+    rf"|[A-Z][A-Za-z'-]*\.?)){{1,5}}[ \u00a0]+(?:{_STREET_TYPES})\b(?!-)"
+    r"|(?<![\w.,-])\d{1,5}(?:[ \u00a0]?(?:bis|ter))?,?[ \u00a0]+"
+    r"(?:[Rr]ue|[Aa]venue|[Bb]oulevard|[Pp]lace|[Cc]hemin|[Qq]uai|[Cc]alle|[Vv]ia|[Rr]ua)\b"
+    r"|\b(?:Suite|Ste|Unit|Floor|Fl|Apt|P\.?[ \u00a0]?O\.?[ \u00a0]?Box)\.?"
+    r"[ \u00a0]*#?\d{1,5}(?!\d)"
+    rf"|\b[A-Z][a-z]+,?[ \u00a0]+(?:{_US_STATES})[ \u00a0]+\d{{5}}(?:-\d{{4}})?(?!\d)"
+    r"|,[ \u00a0]*\d{4,5}[ \u00a0]+[A-Z][^\W\d_]+(?=[ \u00a0]*(?:$|[\n,\u00b7|\u2022]))",
+    re.MULTILINE,
+)
+#: The last four digits of a payment card, as a receipt shows them (``Visa – 4242``,
+#: ``ending in 4242``, ``•••• 4242``): no code.
+_CARD_DIGITS = re.compile(
+    r"(?:\b(?:Visa|VISA|Mastercard|MasterCard|Amex|AMEX|American Express|Discover|JCB|Maestro"
+    r"|UnionPay|[Ee]nding in|[Ee]nding)\b|[•*xX\u00b7]{2,})"
+    r"[ \u00a0\u2013\u2014:•*\u00b7-]{0,6}\d{4}(?!\d)"
+)
+#: What ``code()`` takes out of a text besides links, dates and times, in one pass.
+_NOT_CODES = re.compile(
+    f"{_DATE_IN_WORDS.pattern}|{_CARD_DIGITS.pattern}|{_ADDRESS_NUMBER.pattern}", re.MULTILINE
 )
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
@@ -1539,7 +1586,9 @@ def _searched(pattern: str | None, texts: tuple[str, ...]) -> tuple[str, ...]:
     not in a date, a time, or a copyright's year (``© 2026``); a pattern given, in all."""
     if pattern is not None:
         return texts
-    return tuple(_DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text)) for text in texts)
+    return tuple(
+        _NOT_CODES.sub(" ", _DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text))) for text in texts
+    )
 
 
 def _undecoded(part: EmailMessage) -> bool:
