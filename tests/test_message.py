@@ -1922,3 +1922,18 @@ def test_a_code_beside_words_an_address_or_a_date_uses_is_still_the_code(
     text: str, code: str
 ) -> None:
     assert plain(text).code() == code
+
+
+def test_a_code_one_digit_a_cell_is_found_and_masked_as_the_html_writes_it() -> None:
+    """A template that puts each digit of its code in a table cell of its own reads
+    ``7 3 1 6 0 4``: code() found no code. Once taken, the HTML's cells are masked in the
+    test's report, as a code in groups is."""
+    cells = "".join(f'<td style="font-size:28px;text-align:center">{d}</td>\n' for d in "731604")
+    html = f"<p>Enter this code:</p><table><tr>\n{cells}</tr></table><p>Room 1 2 3</p>"
+    message = Message(build(html=html), on_secret=lambda kind, value, _: None)
+
+    assert message.code() == "731604"
+    # As every masked value shows its last two characters (``••••04``): here ``>4``.
+    assert re.findall(r">\d</td>", message_module.mask_extracted(message.html)) == [">4</td>"]
+    with pytest.raises(ExtractionError, match="no code matching"):
+        Message(build(html="<p>Rooms 1 2 3 4 5</p><p>Seats 1 2 3 4 5 6 7 8 9</p>")).code()

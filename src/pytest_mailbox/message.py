@@ -57,11 +57,14 @@ _GLUED_CODE_PATTERN = r"(?<![\d#])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
 #: ``483-920``), or three or four of two digits joined by the same space (``48 39 20``).
 #: Not a part of a longer grouping (a phone number's ``555 010 4477``, ``01 23 45 67 89``,
 #: an amount's ``1 483 920``), nor after ``+``, ``#``, ``(`` or ``(555) ``; two-digit groups not
-#: joined by dashes, as a date's are (``03-12-26``). ``code()`` returns its digits.
+#: joined by dashes, as a date's are (``03-12-26``). Six to eight single digits joined by
+#: one space too: an HTML body that puts each digit in a cell of its own
+#: (``<td>4</td><td>8</td>…``) reads ``4 8 3 9 2 0``. ``code()`` returns its digits.
 _SPACED_CODE = (
     r"(?<![\dA-Za-z_+#(])(?<![\d)][-.,/:\u2013 \t\u00a0\u202f])"
     r"(?:\d{3}(?P<joiner>[ \u00a0\u202f]|[-\u2013])\d{3}"
-    r"|\d{2}(?P<space>[ \u00a0\u202f])\d{2}(?:(?P=space)\d{2}){1,2})"
+    r"|\d{2}(?P<space>[ \u00a0\u202f])\d{2}(?:(?P=space)\d{2}){1,2}"
+    r"|\d(?P<one>[ \u00a0\u202f])\d(?:(?P=one)\d){4,6})"
     r"(?![\dA-Za-z_/\-\u2013]|[.,:]\d|[ \t\u00a0\u202f]+\d)"
 )
 _NOT_DIGIT = re.compile(r"\D")
