@@ -1937,3 +1937,17 @@ def test_a_code_one_digit_a_cell_is_found_and_masked_as_the_html_writes_it() -> 
     assert re.findall(r">\d</td>", message_module.mask_extracted(message.html)) == [">4</td>"]
     with pytest.raises(ExtractionError, match="no code matching"):
         Message(build(html="<p>Rooms 1 2 3 4 5</p><p>Seats 1 2 3 4 5 6 7 8 9</p>")).code()
+
+
+def test_a_code_in_an_images_alt_text_is_found_when_nothing_else_is() -> None:
+    """A code drawn as a picture is written in its ``alt`` text, for those who do not see
+    it: code() said the mail had no code."""
+    html = '<p>Enter this code:</p><img src="https://cdn.example.test/otp.png" alt="843027">'
+    assert Message(build(html=html)).code() == "843027"
+    # Only where nothing else is: a logo's alt text is no second code.
+    logo = '<img alt="Acme 2026" src="logo.png"><p>Your code is 482913</p>'
+    assert Message(build(html=logo)).code() == "482913"
+    # Not beside a text part of its own words, which says the mail has no code.
+    text = "Thanks for your order. We will write again when it ships, with its tracking link."
+    with pytest.raises(ExtractionError, match="no code matching"):
+        Message(build(text=text, html=html)).code()

@@ -1368,6 +1368,8 @@ class _HTMLScan(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.chunks: list[str] = []
         self.hrefs: list[str] = []
+        #: The ``alt`` texts of its images: a code drawn as a picture is written there.
+        self.alts: list[str] = []
         self._skipping = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -1375,10 +1377,11 @@ class _HTMLScan(HTMLParser):
             self._skipping += 1
         elif tag in _HTML_BLOCK:
             self.chunks.append("\n")
-        if tag == "a":
+        if tag in ("a", "img"):
+            wanted, found = ("href", self.hrefs) if tag == "a" else ("alt", self.alts)
             for name, value in attrs:
-                if name == "href" and value:
-                    self.hrefs.append(value)
+                if name == wanted and value:
+                    found.append(value)
                     break
 
     def handle_endtag(self, tag: str) -> None:
@@ -2072,6 +2075,10 @@ class Message:
             # standing alone or glued to a word: a footer's ``Order 123-456`` or ``100 000
             # points`` is no code beside ``Code482913``.
             values = self._spaced_codes(texts) or self._spaced_codes(html)
+        if not values and pattern is None and (html or not self.text.strip()):
+            # Last, in the HTML read: an image's alt text, where a code drawn as a picture
+            # is written for those who do not see it (``<img alt="843027">``).
+            values = self._codes(source, _searched(None, tuple(self._html_scan.alts)), given=False)
         result: dict[str, Any] = {
             "message_id": self.message_id,
             "kind": "code",
