@@ -674,7 +674,7 @@ def test_code_none_names_the_pattern() -> None:
 
 def test_code_none_by_default_says_what_it_looked_for_in_words() -> None:
     with pytest.raises(ExtractionError) as info:
-        plain("Your code is AB-12-CD.").code()
+        plain("Your code is ab-12-cd.").code()
 
     assert str(info.value) == (
         "no code matching the default pattern (4 to 8 digits outside links, standing alone, or "
@@ -683,6 +683,23 @@ def test_code_none_by_default_says_what_it_looked_for_in_words() -> None:
         "code of another shape pass "
         'pattern=, e.g. r"code: ([A-Z0-9]{6})"'
     )
+
+
+def test_code_none_by_default_gives_the_pattern_of_a_code_of_capitals_it_saw() -> None:
+    """A mail whose code has letters (``AB-12-CD``) was told to pass a pattern of six
+    capitals, which does not take it: the pattern given takes the code shown, masked."""
+    message = plain("Your code is AB-12-CD.")
+    with pytest.raises(ExtractionError) as info:
+        message.code()
+
+    assert str(info.value) == (
+        "no code matching the default pattern (4 to 8 digits outside links, standing alone, or "
+        "glued to a word where none stand alone, or in groups such as 483 920 or 483-920 where "
+        "neither is) in the subject or body of message m-1; capitals and digits that may be the "
+        "code are shown (••••CD): if they are, pass "
+        'pattern=r"\\b([A-Z0-9]{2}-[A-Z0-9]{2}-[A-Z0-9]{2})\\b"'
+    )
+    assert message.code(pattern=r"\b([A-Z0-9]{2}-[A-Z0-9]{2}-[A-Z0-9]{2})\b") == "AB-12-CD"
 
 
 def test_code_invalid_pattern_is_an_extraction_error() -> None:

@@ -204,6 +204,10 @@ _DASHED_CODE = (
 _CODES = re.compile(  # each starts with a digit or a capital: the lookahead fails fast
     f"(?=[0-9A-Z])(?:(?P<when>{_WHEN})|{_DASHED_CODE}|{_MIXED_CODE.pattern})"
 )  # fmt: skip
+#: A code of capitals and digits (``K7Q-9PX``, ``A7K9Q2``) as masking finds one
+#: (``_DASHED_CODE``, ``_MIXED_CODE``), for the pattern ``code()``'s error suggests.
+_LETTER_CODE = re.compile(f"{_DASHED_CODE}|{_MIXED_CODE.pattern}")
+_LETTER_RUN = re.compile(r"[A-Z0-9]+")
 #: Digits in groups of one length joined by a space (any, a no-break or a zero-width one
 #: too: ``483\u202f920`` is how French number formatting groups them; a tab; up to three
 #: of them, as a table or a template aligns them: ``483  920``) or a dash, six to
@@ -2004,6 +2008,22 @@ class Message:
         """The HTML body as plain text, as ``body_text`` reads it when there is no text part."""
         return " ".join("".join(self._html_scan.chunks).split())
 
+    def _letters_hint(self, texts: tuple[str, ...]) -> str:
+        """For a default search that found no code: the pattern that takes a code of
+        capitals and digits the texts show (``K7Q-9PX``, masked), or a pattern to write."""
+        for text in texts:
+            found = _LETTER_CODE.search(text)
+            if found is not None:
+                shape = _LETTER_RUN.sub(
+                    lambda run: f"[A-Z0-9]{{{len(run.group())}}}", found.group()
+                )
+                shown = _mask(found.group())
+                return (
+                    f"; capitals and digits that may be the code are shown ({shown}): "
+                    f'if they are, pass pattern=r"\\b({shape})\\b"'
+                )
+        return '; for a code of another shape pass pattern=, e.g. r"code: ([A-Z0-9]{6})"'
+
     def _unread_note(self) -> str:
         """For an error that found nothing: what of the mail was not read, if anything."""
         unread = self._parsed.unread
@@ -2096,7 +2116,7 @@ class Message:
         if not values:
             msg = f"no code matching {shown} in the subject or body of message {self._label}"
             if pattern is None:
-                msg += '; for a code of another shape pass pattern=, e.g. r"code: ([A-Z0-9]{6})"'
+                msg += self._letters_hint(texts + html)
             msg += self._unread_note()
             raise ExtractionError(msg, result=result)
         masked = ", ".join(_mask(v) for v in list(values)[:_MAX_LISTED])
