@@ -1311,6 +1311,41 @@ def _same_link(url: str) -> str:
     return parts._replace(scheme=scheme, netloc=netloc).geturl()
 
 
+#: Hosts of the click tracking that mail services put in front of a mail's links:
+#: SendGrid (``u123.ct.sendgrid.net``), AWS SES (``….r.us-east-1.awstrack.me``), Postmark
+#: (``click.pstmrk.it``), Mailchimp, Mandrill, SparkPost, HubSpot.
+_TRACKERS = re.compile(
+    r"(?:^|\.)(?:ct\.sendgrid\.net|awstrack\.me|pstmrk\.it|list-manage\.com|mandrillapp\.com"
+    r"|sparkpostmail\.com|hubspotlinks\.com)$"
+)
+
+
+def _is_tracking(url: str) -> bool:
+    """``url`` is a click-tracking redirect: on a tracker's host, on Mailgun's
+    (``email.<domain>/c/…``), or holding the URL it leads to in its path (SES's
+    ``/L0/https:%2F%2F…``)."""
+    host = _host(url).lower().rstrip(".")
+    path = _path(url)
+    return (
+        _TRACKERS.search(host) is not None
+        or (host.startswith("email.") and path.startswith("/c/"))
+        or "://" in unquote(path)
+    )
+
+
+def _tracking_note(links: Iterable[str]) -> str:
+    """For ``link()`` that found no link where it looked: the hosts found that are click
+    tracking, which leads to the app's link only when followed."""
+    hosts = list(dict.fromkeys(shown_host(url) for url in links if _is_tracking(url)))
+    if not hosts:
+        return ""
+    return (
+        f"; {', '.join(hosts)} {'is' if len(hosts) == 1 else 'are'} click tracking, whose links "
+        "lead to the app's only when followed: turn click tracking off for the mail the "
+        "tests send, or pass its host as domain="
+    )
+
+
 def _path(url: str) -> str:
     """The URL's path as ``link(path=)`` compares it ("" if it has none or cannot be read)."""
     try:
@@ -1934,6 +1969,7 @@ class Message:
             unread = self._unread_note()
             msg += ", ".join(hosts) if hosts else "none"
             msg += unread or ("" if hosts else " (the message has no http(s) links)")
+            msg += _tracking_note(found)
             raise ExtractionError(msg, result={**result, "hosts": hosts})
         shown = ", ".join(redact_url(u) for u in candidates[:_MAX_LISTED])
         if len(candidates) > _MAX_LISTED:
