@@ -1968,3 +1968,54 @@ def test_a_code_in_an_images_alt_text_is_found_when_nothing_else_is() -> None:
     text = "Thanks for your order. We will write again when it ships, with its tracking link."
     with pytest.raises(ExtractionError, match="no code matching"):
         Message(build(text=text, html=html)).code()
+
+
+@pytest.mark.parametrize(
+    "footer",
+    [
+        "Call us on 0345 300 0000.",
+        "Tel.: +49 30 12345678",
+        "Tel +49 (0)30 12345678",
+        "Telefon: 030 12345678",
+        "Phone: +44 20 7946 0958",
+        "Call 1 800 555 0199",
+        "Fax (030) 1234567",
+        "Hotline 0800 1234567",
+        "Need help? Call (555) 010 4477",
+        "Registered in England No. 2366661",
+        "Company no. 01234567",
+        "Amtsgericht Berlin HRB 123456",
+        "Order no. 10482",
+        "Invoice INV-0042",
+        "Sort code 20-00-00, account 12345678",
+        "IBAN DE89 3704 0044 0532 0130 00",
+        "Member since 2019",
+        "You have 100 000 points, worth $2 500.",
+    ],
+)
+def test_a_footers_phone_register_or_account_number_or_an_amount_is_no_code(footer: str) -> None:
+    """A European sender's footer gives its phone number in groups, its register's number,
+    a bank account: each was a second code beside the mail's, or the one code of a mail
+    that has none (``12345678`` of ``Tel.: +49 30 12345678``); an amount in groups was
+    taken for a code in groups (``100 000 points``)."""
+    assert plain(f"Your code is 482913.\n\n{footer}\n").code() == "482913"
+    assert plain(f"Your code is 048 291.\n\n{footer}\n").code() == "048291"
+    with pytest.raises(ExtractionError, match="no code matching"):
+        plain(f"Thanks for your order.\n\n{footer}\n").code()
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("Your code is 048 291", "048291"),  # from 0, as a national phone number: two groups
+        ("Your code is 04 82 91", "048291"),
+        ("Your code: 0482", "0482"),
+        ("No. of attempts left: 3. Code 482913", "482913"),
+        ("Your code is 483 920, valid for 10 minutes", "483920"),
+        ("Phone verification code: 482913", "482913"),
+    ],
+)
+def test_a_code_beside_words_a_phone_or_a_register_uses_is_still_the_code(
+    text: str, code: str
+) -> None:
+    assert plain(text).code() == code

@@ -57,15 +57,22 @@ _GLUED_CODE_PATTERN = r"(?<![\d#])(?<!\d[-.])\d{4,8}(?![\d])(?![-.]\d)"
 #: ``483-920``), or three or four of two digits joined by the same space (``48 39 20``).
 #: Not a part of a longer grouping (a phone number's ``555 010 4477``, ``01 23 45 67 89``,
 #: an amount's ``1 483 920``), nor after ``+``, ``#``, ``(`` or ``(555) ``; two-digit groups not
-#: joined by dashes, as a date's are (``03-12-26``). Six to eight single digits joined by
+#: joined by dashes, as a date's are (``03-12-26``); not an amount, after a currency's sign
+#: or before it or a unit (``$100 000``, ``100 000 points``). Six to eight single digits joined by
 #: one space too: an HTML body that puts each digit in a cell of its own
 #: (``<td>4</td><td>8</td>…``) reads ``4 8 3 9 2 0``. ``code()`` returns its digits.
+#: What follows an amount in groups, not a code (``100 000 points``, ``2 500 €``).
+_AMOUNT_UNITS = (
+    "points?|pts|Punkte|miles|km|kg|users|members|customers|people|followers|subscribers"
+    "|reviews|downloads|steps|items|orders|stars|credits|coins|euros?|dollars|EUR|USD|GBP|CHF"
+)
 _SPACED_CODE = (
-    r"(?<![\dA-Za-z_+#(])(?<![\d)][-.,/:\u2013 \t\u00a0\u202f])"
-    r"(?:\d{3}(?P<joiner>[ \u00a0\u202f]|[-\u2013])\d{3}"
+    r"(?<![\dA-Za-z_+#($\u00a3\u20ac\u00a5])(?<![\d)][-.,/:\u2013 \t\u00a0\u202f])"
+    r"(?<![$\u00a3\u20ac\u00a5] )(?:\d{3}(?P<joiner>[ \u00a0\u202f]|[-\u2013])\d{3}"
     r"|\d{2}(?P<space>[ \u00a0\u202f])\d{2}(?:(?P=space)\d{2}){1,2}"
     r"|\d(?P<one>[ \u00a0\u202f])\d(?:(?P=one)\d){4,6})"
     r"(?![\dA-Za-z_/\-\u2013]|[.,:]\d|[ \t\u00a0\u202f]+\d)"
+    rf"(?![ \u00a0\u202f]?(?:[$\u00a3\u20ac\u00a5]|(?:{_AMOUNT_UNITS})\b))"
 )
 _NOT_DIGIT = re.compile(r"\D")
 #: What joins a code's groups in the bodies as a test may show them (``msg.html``,
@@ -127,7 +134,8 @@ _DATE_OR_TIME = re.compile(
     + r"\d{4}(?:\s*[-\u2013]\s*\d{4})?(?!\d)"
 )
 #: A date written in words, as a notice states when it was asked for (``December 3, 2026``,
-#: ``3 Dec 2026``, ``Dec. 3rd, 2026``, ``December 2026``): its year is no code.
+#: ``3 Dec 2026``, ``Dec. 3rd, 2026``, ``December 2026``), or a year since which
+#: (``Member since 2019``, ``Est. 1998``): its year is no code.
 _MONTH_NAMES = (
     "January|February|March|April|May|June|July|August|September|October|November|December"
     f"|Sept|{_MONTHS}"
@@ -135,6 +143,8 @@ _MONTH_NAMES = (
 _DATE_IN_WORDS = re.compile(
     rf"\b(?:(?:{_MONTH_NAMES})\.?(?:[ \u00a0]+\d{{1,2}}(?:st|nd|rd|th)?)?"
     rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ \u00a0]+(?:{_MONTH_NAMES})\.?),?[ \u00a0]+\d{{4}}(?!\d)"
+    r"|\b(?:[Ss]ince|SINCE|[Ee]st\.|EST\.|[Ee]stablished|[Ff]ounded(?: in)?)[ \u00a0]+"
+    r"(?:19|20)\d\d(?!\d)"
 )
 #: The numbers of a postal address, as a sender's footer states it: a street's number
 #: before its name (``1600 Amphitheatre Parkway``, ``10800 NE 8th Street``), or before a
@@ -168,9 +178,38 @@ _CARD_DIGITS = re.compile(
     r"|UnionPay|[Ee]nding in|[Ee]nding)\b|[•*xX\u00b7]{2,})"
     r"[ \u00a0\u2013\u2014:•*\u00b7-]{0,6}\d{4}(?!\d)"
 )
+#: A phone number as a footer gives one, whose groups may be joined by spaces: after
+#: ``+`` (``+44 20 7946 0958``, ``+49 (0)30 12345678``), from a national ``0`` (``0345 300
+#: 0000``, ``030 12345678``; not two groups of three or fewer, as a code in groups is),
+#: with its area code in brackets (``(030) 1234567``), North American (``1 800 555
+#: 0199``), or after a word for one (``Tel.: 1234567``, ``Hotline 0800 1234567``).
+_PHONE_NUMBER = re.compile(
+    r"\+\d{1,3}(?:[ \u00a0]?\(0\)[ \u00a0]?\d{1,5})?(?:[ \u00a0.\-/]\d{1,8}){0,5}(?!\d)"
+    r"|(?<![\w.,+-])(?<!\d[ \u00a0])0\d{1,4}[ \u00a0/]\d{6,8}(?!\d|[ \u00a0]\d)"
+    r"|(?<![\w.,+-])(?<!\d[ \u00a0])0\d{2,4}(?:[ \u00a0]\d{3,4}){2}(?!\d|[ \u00a0]\d)"
+    r"|\(\d{2,5}\)[ \u00a0]?\d{2,8}(?:[ \u00a0.\-]\d{2,8}){0,3}(?!\d)"
+    r"|(?<![\w.,+-])(?<!\d[ \u00a0])(?:1[ \u00a0])?\d{3}[ \u00a0]\d{3}[ \u00a0]\d{4}"
+    r"(?!\d|[ \u00a0]\d)"
+    r"|\b(?:Tel|TEL|Phone|Telefon|Telephone|Fax|Hotline|Mobile)\b\.?:?[ \u00a0]*"
+    r"\d{1,8}(?:[ \u00a0/\-]\d{1,8}){0,4}(?!\d)"
+)
+#: A number after ``No.``, a register's name or an account, as a footer states a
+#: company's, an order's, a tax or a bank account's number (``Registered in England No.
+#: 2366661``, ``Order no. 10482``, ``HRB 123456``, ``account 12345678``); an IBAN
+#: (``DE89 3704 0044 0532 0130 00``); a reference of capitals, a dash and digits
+#: (``INV-0042``, ``ORD-10482``).
+_REGISTERED_NUMBER = re.compile(
+    r"(?<![\w])(?:No\.?|no\.|Nr\.?|nr\.|N[\u00ba\u00b0]\.?|HR[AB]|VAT|ABN|EIN|SIRE[NT]"
+    r"|[Aa]ccount|[Aa]cct\.?|Konto|IBAN)"
+    r"(?![A-Za-z])[ \u00a0]*:?[ \u00a0]*#?[ \u00a0]*\d{1,12}(?:[ \u00a0]\d{2,4}){0,4}(?!\d)"
+    r"|\b[A-Z]{2}\d{2}(?:[ \u00a0]?[A-Z0-9]{4}){2,7}(?:[ \u00a0]?[A-Z0-9]{1,3})?(?![A-Za-z0-9])"
+    r"|(?<![\w-])[A-Z]{3,5}-\d{3,12}(?![\w-])"
+)
 #: What ``code()`` takes out of a text besides links, dates and times, in one pass.
 _NOT_CODES = re.compile(
-    f"{_DATE_IN_WORDS.pattern}|{_CARD_DIGITS.pattern}|{_ADDRESS_NUMBER.pattern}", re.MULTILINE
+    f"{_DATE_IN_WORDS.pattern}|{_CARD_DIGITS.pattern}|{_ADDRESS_NUMBER.pattern}"
+    f"|{_PHONE_NUMBER.pattern}|{_REGISTERED_NUMBER.pattern}",
+    re.MULTILINE,
 )
 _DIGIT_RUN = re.compile(r"\d+")
 _DIGITS = re.compile(r"\d{4,}")
