@@ -2019,3 +2019,15 @@ def test_a_code_beside_words_a_phone_or_a_register_uses_is_still_the_code(
     text: str, code: str
 ) -> None:
     assert plain(text).code() == code
+
+
+def test_the_runs_the_no_code_rules_read_are_bounded() -> None:
+    """A card's masked digits and the gap after ``No`` are read a few characters long:
+    unbounded, each ``x`` of a long run (a text of ``xxxx…``) started a scan to the run's
+    end, and the gap's spaces were split three ways, so a long text took time that grew
+    with its square or cube in ``code()``."""
+    not_codes = message_module._NOT_CODES
+    assert not_codes.fullmatch("No" + " " * 3 + "2366661")
+    assert not_codes.fullmatch("No" + " " * 4 + "2366661") is None
+    assert not_codes.fullmatch("x" * 16 + " 4242")
+    assert not_codes.fullmatch("x" * 17 + " 4242") is None

@@ -175,7 +175,7 @@ _ADDRESS_NUMBER = re.compile(
 #: ``ending in 4242``, ``•••• 4242``): no code.
 _CARD_DIGITS = re.compile(
     r"(?:\b(?:Visa|VISA|Mastercard|MasterCard|Amex|AMEX|American Express|Discover|JCB|Maestro"
-    r"|UnionPay|[Ee]nding in|[Ee]nding)\b|[•*xX\u00b7]{2,})"
+    r"|UnionPay|[Ee]nding in|[Ee]nding)\b|(?<![•*xX\u00b7])[•*xX\u00b7]{2,16})"
     r"[ \u00a0\u2013\u2014:•*\u00b7-]{0,6}\d{4}(?!\d)"
 )
 #: A phone number as a footer gives one, whose groups may be joined by spaces: after
@@ -201,7 +201,8 @@ _PHONE_NUMBER = re.compile(
 _REGISTERED_NUMBER = re.compile(
     r"(?<![\w])(?:No\.?|no\.|Nr\.?|nr\.|N[\u00ba\u00b0]\.?|HR[AB]|VAT|ABN|EIN|SIRE[NT]"
     r"|[Aa]ccount|[Aa]cct\.?|Konto|IBAN)"
-    r"(?![A-Za-z])[ \u00a0]*:?[ \u00a0]*#?[ \u00a0]*\d{1,12}(?:[ \u00a0]\d{2,4}){0,4}(?!\d)"
+    r"(?![A-Za-z])[ \u00a0]{0,3}(?::[ \u00a0]{0,3})?(?:#[ \u00a0]{0,3})?"
+    r"\d{1,12}(?:[ \u00a0]\d{2,4}){0,4}(?!\d)"
     r"|\b[A-Z]{2}\d{2}(?:[ \u00a0]?[A-Z0-9]{4}){2,7}(?:[ \u00a0]?[A-Z0-9]{1,3})?(?![A-Za-z0-9])"
     r"|(?<![\w-])[A-Z]{3,5}-\d{3,12}(?![\w-])"
 )
