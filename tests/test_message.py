@@ -2031,3 +2031,29 @@ def test_the_runs_the_no_code_rules_read_are_bounded() -> None:
     assert not_codes.fullmatch("No" + " " * 4 + "2366661") is None
     assert not_codes.fullmatch("x" * 16 + " 4242")
     assert not_codes.fullmatch("x" * 17 + " 4242") is None
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "am 3. Dezember 2026 um 16:30 Uhr",
+        "le 1er mars 2026 \N{LATIN SMALL LETTER A WITH GRAVE} 16h30",
+        "el 3 de diciembre de 2026",
+        "em 3 de dezembro de 2026",
+        "il 3 dicembre 2026",
+        "op 3 december 2026",
+        "2026\u5e7412\u67083\u65e5 16:30",
+        "2026\ub144 12\uc6d4 3\uc77c",
+    ],
+)
+def test_a_date_in_another_language_is_no_code(when: str) -> None:
+    """A sign-in notice from a German, French, Spanish, Japanese or Korean sender says when
+    the code was asked for in its own words: the year was a second code, or the one code of
+    a mail that has none."""
+    assert plain(f"Ihr Code lautet 482913.\nAngefordert {when}.\n").code() == "482913"
+    assert (
+        plain(f"\u8a8d\u8a3c\u30b3\u30fc\u30c9\u306f4829\u3067\u3059\u3002\n{when}\n").code()
+        == "4829"
+    )
+    with pytest.raises(ExtractionError, match="no code matching"):
+        plain(f"Danke f\u00fcr Ihre Bestellung.\n{when}\n").code()

@@ -134,15 +134,29 @@ _DATE_OR_TIME = re.compile(
     + r"\d{4}(?:\s*[-\u2013]\s*\d{4})?(?!\d)"
 )
 #: A date written in words, as a notice states when it was asked for (``December 3, 2026``,
-#: ``3 Dec 2026``, ``Dec. 3rd, 2026``, ``December 2026``), or a year since which
+#: ``3 Dec 2026``, ``Dec. 3rd, 2026``, ``December 2026``, ``3. Dezember 2026``,
+#: ``2026年12月3日``), or a year since which
 #: (``Member since 2019``, ``Est. 1998``): its year is no code.
 _MONTH_NAMES = (
     "January|February|March|April|May|June|July|August|September|October|November|December"
     f"|Sept|{_MONTHS}"
 )
+#: The months of the languages whose senders write a day before them (``3. Dezember
+#: 2026``, ``3 décembre 2026``, ``3 de diciembre de 2026``), in any case.
+_MONTHS_ABROAD = (
+    "Januar|Februar|M\u00e4rz|Mai|Juni|Juli|Oktober|Dezember|janvier|f\u00e9vrier|mars|avril"
+    "|juin|juillet|ao\u00fbt|septembre|octobre|novembre|d\u00e9cembre|enero|febrero|marzo"
+    "|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|gennaio|febbraio"
+    "|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|januari|februari|maart|mei"
+    "|augustus|janeiro|fevereiro|mar\u00e7o|maio|junho|julho|setembro|outubro|dezembro"
+)
 _DATE_IN_WORDS = re.compile(
     rf"\b(?:(?:{_MONTH_NAMES})\.?(?:[ \u00a0]+\d{{1,2}}(?:st|nd|rd|th)?)?"
     rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ \u00a0]+(?:{_MONTH_NAMES})\.?),?[ \u00a0]+\d{{4}}(?!\d)"
+    rf"|\b\d{{1,2}}(?:er|\.)?[ \u00a0]+(?:de[ \u00a0]+)?(?i:{_MONTHS_ABROAD}|{_MONTH_NAMES})"
+    r"(?:[ \u00a0]+de)?,?[ \u00a0]+\d{4}(?!\d)"
+    # Chinese, Japanese and Korean: 2026年12月3日, 2026년 12월 3일.
+    r"|\d{4}[ \u00a0]?[\u5e74\ub144]"
     r"|\b(?:[Ss]ince|SINCE|[Ee]st\.|EST\.|[Ee]stablished|[Ff]ounded(?: in)?)[ \u00a0]+"
     r"(?:19|20)\d\d(?!\d)"
 )
