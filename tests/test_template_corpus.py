@@ -189,3 +189,16 @@ def test_link_of_a_real_template(
     else:
         with pytest.raises(ExtractionError, match=expected):
             msg.link(domain, path=path)
+
+
+def test_mailto_tel_relative_and_anchor_links_are_not_links(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """A footer's ``mailto:``, ``tel:``, ``/help`` and ``#top`` are no http(s) links: the
+    two buttons are the mail's links, each once though its text part repeats them."""
+    msg = deliver(mailbox_server, isolated_mailbox, "two_buttons_verify_and_secure")
+
+    assert msg.links() == [
+        VERIFY,
+        "https://app.example.test/account/secure?token=Wr5tYu7iOp9aSd2fGh4jKl",
+    ]
