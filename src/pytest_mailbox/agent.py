@@ -32,7 +32,6 @@ import secrets
 import sqlite3
 import sys
 import threading
-import time
 import traceback
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping
@@ -55,6 +54,7 @@ from pydantic import (
 )
 from pydantic import model_validator as _model_validator
 
+from pytest_mailbox._clock import monotonic, perf_counter
 from pytest_mailbox.contract import (
     ONE_LINE_SUBJECT,
     AgentEvidence,
@@ -1024,7 +1024,7 @@ class AgentTools:
         """``call``, which the client may cancel by setting ``cancelled`` (the MCP server):
         a wait stops at once, and the evidence says so. Also returns what records a cancel
         that comes after the call returned, before its answer was sent."""
-        started = time.perf_counter()
+        started = perf_counter()
         call = _Call(
             tool=name if isinstance(name, str) and name in self._tools else _name(name),
             tool_call_id=_call_id(tool_call_id) if tool_call_id else f"tc-{secrets.token_hex(6)}",
@@ -1219,7 +1219,7 @@ class AgentTools:
         return _remasked(entry, call.hide)
 
     def _record(self, call: _Call, answer: Answer, started: float) -> None:
-        call.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        call.latency_ms = round((perf_counter() - started) * 1000, 3)
         self._journaled(call, answer)
 
     def _journaled(self, call: _Call, answer: Answer) -> None:
@@ -1527,7 +1527,7 @@ class AgentTools:
             log.warning(_BLOCKING_WAIT)
         # Reading stops at the timeout, or after READ_ALLOWANCE, whichever is later: a poll
         # (timeout=0) still reads ordinary mail whole; a few huge ones cannot hold it long.
-        reading_until = time.monotonic() + max(args.timeout, READ_ALLOWANCE)
+        reading_until = monotonic() + max(args.timeout, READ_ALLOWANCE)
         read: list[str] = []  # looked into by this call
         unread: set[str] = set()  # not looked into in time: the next call goes on
         without: set[str] = set()  # looked into, and no kind found: polling will not help
@@ -1536,7 +1536,7 @@ class AgentTools:
             key = (message.message_id, args.kind)
             known = self._carrying.get(key)
             if known is None:
-                if read and time.monotonic() > reading_until:  # one at least: calls get on
+                if read and monotonic() > reading_until:  # one at least: calls get on
                     unread.add(message.message_id)
                     return False
                 read.append(message.message_id)

@@ -8,7 +8,6 @@ import math
 import re
 import secrets
 import sys
-import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from pydantic import ValidationError
 
+from pytest_mailbox._clock import monotonic
 from pytest_mailbox.contract import (
     SELECTOR_FIELDS,
     Checkpoint,
@@ -184,7 +184,7 @@ def _clock(ts: float) -> str:
 
 _T = TypeVar("_T")
 #: A wait's lease wake-ups (``Mailbox._lapse``): (message_id, fence, lease_until) to when
-#: it wakes (time.monotonic()) and the store's time it was reckoned at.
+#: it wakes (monotonic()) and the store's time it was reckoned at.
 _Woken = dict[tuple[str, int | None, float], tuple[float, float]]
 
 
@@ -194,17 +194,17 @@ class _Pause:
 
     generation: int
     version: int
-    until: float  # time.monotonic()
-    #: When to look again before ``until`` though nothing changed (time.monotonic()): a
+    until: float  # monotonic()
+    #: When to look again before ``until`` though nothing changed (monotonic()): a
     #: lease that ends makes its message a candidate again, and no commit says so.
     wake: float = field(default=math.inf, kw_only=True)
 
     def remaining(self) -> float:
-        return self.until - time.monotonic()
+        return self.until - monotonic()
 
     def awake_in(self) -> float:
         """How long the runner may sleep before the steps look again."""
-        return min(self.remaining(), self.wake - time.monotonic())
+        return min(self.remaining(), self.wake - monotonic())
 
 
 class _Stop(Protocol):
@@ -515,7 +515,7 @@ class Mailbox:
         with one more look."""
         selector = selector or Selector()
         self._mark_waiting(_describe(selector))
-        deadline = time.monotonic() + timeout
+        deadline = monotonic() + timeout
 
         def steps() -> Generator[_Pause, None, list[tuple[MessageRow, Message]]]:
             woken: _Woken = {}
@@ -542,7 +542,7 @@ class Mailbox:
         _seconds("wait_for", "timeout", timeout, zero=True)
         _seconds("wait_for", "lease", lease)
         limit = self.contract.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        deadline = monotonic() + limit
         # The first look of a wait that has not marked itself waiting takes no pause point:
         # if it finds nothing it marks, and looks again from a pause point taken then.
         pause: _Pause | None = None
@@ -595,7 +595,7 @@ class Mailbox:
             msg = "expect_none: within= is required: the seconds in which no match may arrive"
             raise ContractError(msg)
         _seconds("expect_none", "within", within, zero=True)
-        deadline = time.monotonic() + within
+        deadline = monotonic() + within
         while True:
             pause = self._pause_point(deadline)
             matches, _ = self._scan(chosen, include_taken=True)
@@ -619,7 +619,7 @@ class Mailbox:
         woken: _Woken,
     ) -> float:
         """When the first live lease ends that holds a message ``selector`` would take
-        (time.monotonic()), or never: a wait looks again then, since an expired claim may
+        (monotonic()), or never: a wait looks again then, since an expired claim may
         be claimed again (a holder that crashed or gave up) and nothing is committed when a
         lease ends.
 
@@ -629,7 +629,7 @@ class Mailbox:
         reckoned again only if the store's clock moved since, either way (a wall clock set
         back): one that stands still (a test's fake clock) must not make the wait look
         again and again."""
-        now, moment = self.store.clock(), time.monotonic()
+        now, moment = self.store.clock(), monotonic()
         live: _Woken = {}
         for row, _ in misses:
             if not row.leased(now) or row.lease_until is None or not self._selects(row, selector):
@@ -646,7 +646,7 @@ class Mailbox:
     def _pause_point(self, deadline: float) -> _Pause:
         """What the store looks like now, taken before a scan so no commit slips between."""
         # Wake at the mailbox's expiry too, so the next scan reports it at once.
-        expiry = time.monotonic() + self._row.expires_at - self.store.clock()
+        expiry = monotonic() + self._row.expires_at - self.store.clock()
         return _Pause(self._signal.generation, self.store.data_version(), min(deadline, expiry))
 
     def _changed(self, pause: _Pause) -> bool:

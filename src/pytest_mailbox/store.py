@@ -23,6 +23,7 @@ from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 from filelock import FileLock
 
+from pytest_mailbox._clock import monotonic, wall
 from pytest_mailbox.errors import StoreError
 from pytest_mailbox.settings import _int, _path, _seconds, argument
 from pytest_mailbox.vocabulary import Checkpoint, CloseReason, Status, digest
@@ -387,7 +388,7 @@ class Store:
         self,
         path: str | Path,
         *,
-        clock: Clock = time.time,
+        clock: Clock = wall,
         busy_timeout: float = 60.0,
         wal_limit: int = WAL_LIMIT,
         worker: str = "",
@@ -422,7 +423,7 @@ class Store:
         self._commits = 0
         self._next_sweep = -math.inf  # see SWEEP_EVERY
         self._wal_over = False  # the log was past wal_limit at the last look
-        self._truncate_after = -math.inf  # time.monotonic(): see TRUNCATE_BACKOFF
+        self._truncate_after = -math.inf  # monotonic(): see TRUNCATE_BACKOFF
         self._backoff = TRUNCATE_BACKOFF
         self._checkpointing = False  # the last try at truncating found a checkpoint running
         self._checkpointer: _Checkpointer | None = None
@@ -521,7 +522,7 @@ class Store:
         next refusal raises ``StoreBusy`` too (within one pause, at most ``RETRY_LAST``):
         for a sink that stops.
         """
-        if not wait and self._wal_over and time.monotonic() >= self._truncate_after:
+        if not wait and self._wal_over and monotonic() >= self._truncate_after:
             msg = "the write-ahead log is past wal_limit: a writer that may wait truncates it"
             raise StoreBusy(msg)
         if give_up is not None and give_up.is_set():  # its client is cut off: it owns it
@@ -638,7 +639,7 @@ class Store:
         can keep missing for as long as they read. A patience spent in vain backs off
         (``TRUNCATE_BACKOFF``); ``give_up`` ends it.
         """
-        if time.monotonic() < self._truncate_after:
+        if monotonic() < self._truncate_after:
             # A back-off after a reader outlasted the last patience: no one waits for now.
             # But the reader may have let go since: every WAL_CHECK_EVERY-th commit tries
             # once, without waiting (and the next one again if the background checkpointer
@@ -654,7 +655,7 @@ class Store:
         else:
             return
         if give_up is None or not give_up.is_set():  # in vain: back off
-            self._truncate_after = time.monotonic() + self._backoff
+            self._truncate_after = monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, TRUNCATE_BACKOFF_MAX)
 
     def _truncated(self, conn: sqlite3.Connection) -> bool:
@@ -1680,8 +1681,8 @@ def _pauses(patience: float, at_least: int = 0) -> Iterator[None]:
     """Between two tries: sleep 50 µs, then twice as long each time up to 5 ms, for
     ``patience`` seconds in all (counted from the first ``next``) and ``at_least`` pauses;
     then stop."""
-    deadline, delay, made = time.monotonic() + patience, RETRY_FIRST, 0
-    while made < at_least or time.monotonic() < deadline:
+    deadline, delay, made = monotonic() + patience, RETRY_FIRST, 0
+    while made < at_least or monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, RETRY_LAST)
         made += 1
