@@ -268,3 +268,29 @@ def test_a_worker_s_moved_clock_expires_no_other_worker_s_mailbox(
     result.stdout.fnmatch_lines(
         ["mailbox: 2 reserved, 2 received, 2 claimed, 2 consumed, 0 expired*"]
     )
+
+
+SENDS_UNDER_AN_AUTO_TICKING_CLOCK = """
+import time
+
+import freezegun
+
+
+def test_sends_and_waits(isolated_mailbox, send):
+    with freezegun.freeze_time("2020-01-01 12:00:00", auto_tick_seconds=1):
+        before = time.time()
+        send(isolated_mailbox.address)
+        isolated_mailbox.wait_for(subject="Verify your account", timeout=10).ack()
+        assert time.time() - before == 1  # this second read, and no one else's
+"""
+
+
+def test_the_sink_moves_no_auto_ticking_clock_of_the_test(pytester: pytest.Pytester) -> None:
+    # auto_tick_seconds moves the frozen clock at every read of it, in every thread: the
+    # sink's event loop read time.monotonic() on each turn, and sending one message moved
+    # the test's clock by 6 s.
+    pytester.makepyfile(SENDS_UNDER_AN_AUTO_TICKING_CLOCK)
+
+    result = _run(pytester)
+
+    result.assert_outcomes(passed=1)

@@ -19,6 +19,7 @@ import aiosmtpd
 import aiosmtpd.smtp
 from aiosmtpd.smtp import MISSING, SMTP, AuthResult, Envelope, Session, syntax
 
+from pytest_mailbox._clock import monotonic
 from pytest_mailbox.endpoint import (
     DATA_POLICIES,
     DEFAULT_IDLE_TIMEOUT,
@@ -320,6 +321,16 @@ class _Envelope(Envelope):
     def __init__(self) -> None:
         super().__init__()
         self.data_faults = False
+
+
+class _Loop(asyncio.SelectorEventLoop):
+    """The sink's event loop, on the machine's monotonic clock: asyncio reads
+    ``time.monotonic()``, which a test's ``freeze_time`` freezes (the idle timeout would
+    never come) or, with ``auto_tick_seconds``, moves on each read (every turn of the
+    sink's loop would move the test's clock)."""
+
+    def time(self) -> float:
+        return monotonic()
 
 
 class _ClientGone(asyncio.CancelledError):
@@ -907,7 +918,7 @@ class MailSink(SmtpEndpoint):
         failure: list[BaseException] = []
 
         def serve() -> None:
-            loop = asyncio.new_event_loop()
+            loop = _Loop()
             self._loop = loop
             try:
                 self._server = loop.run_until_complete(
