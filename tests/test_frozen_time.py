@@ -294,3 +294,41 @@ def test_the_sink_moves_no_auto_ticking_clock_of_the_test(pytester: pytest.Pytes
     result = _run(pytester)
 
     result.assert_outcomes(passed=1)
+
+
+RECEIVED_AFTER_BY_A_FROZEN_CLOCK = """
+from datetime import datetime, timezone
+
+import freezegun
+
+
+@freezegun.freeze_time("2100-01-01 12:00:00")
+def test_waits_for_mail_after_now(isolated_mailbox, send):
+    send(isolated_mailbox.address)
+    since = datetime.now(timezone.utc)  # the test's clock: 2100
+    isolated_mailbox.wait_for(subject="Verify your account", received_after=since, timeout=0.2)
+"""
+
+
+def test_a_timeout_says_when_received_after_is_later_than_the_sink_s_clock(
+    pytester: pytest.Pytester,
+) -> None:
+    # received_after=datetime.now() under a frozen clock is the test's time, beside the
+    # sink's: the timeout said "received before received_after" and no more.
+    pytester.makepyfile(RECEIVED_AFTER_BY_A_FROZEN_CLOCK)
+
+    result = _run(pytester)
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E *no message for * matched subject='Verify your account'*",
+            "E *near misses (1):",
+            "E *- m-* 'Verify your account': received before received_after",
+            "E *received_after (12:00:00.000 UTC on 2100-01-01) is later than the sink's "
+            "clock (*:*:*.* UTC on *-*-*): only a message that arrives after it matches. "
+            "The sink's clock is the machine's, not a test's frozen or moved one "
+            "(freezegun, time-machine): received_after=isolated_mailbox.checkpoint() "
+            "needs no clock",
+        ]
+    )

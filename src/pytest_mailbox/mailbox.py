@@ -984,7 +984,27 @@ class Mailbox:
             lines.extend(
                 f"  - {row.message_id} {self._subject(row)!r}: {reason}" for row, reason in near
             )
+        lines.extend(self._ahead(selector))
         return self._unleaked("\n".join(lines))
+
+    def _ahead(self, selector: Selector) -> list[str]:
+        """A line if ``received_after`` is a time later than the sink's clock now: most
+        often ``datetime.now()`` under a test's frozen or moved clock, which the sink's
+        clock is not."""
+        after = selector.received_after
+        if not isinstance(after, datetime | float | int):
+            return []
+        moment = after.timestamp() if isinstance(after, datetime) else float(after)
+        now = self.store.clock()
+        if moment <= now:
+            return []
+        return [
+            f"received_after ({_clock(moment)} on {utc(moment):%Y-%m-%d}) is later than the "
+            f"sink's clock ({_clock(now)} on {utc(now):%Y-%m-%d}): only a message that "
+            "arrives after it matches. The sink's clock is the machine's, not a test's frozen "
+            "or moved one (freezegun, time-machine): received_after="
+            "isolated_mailbox.checkpoint() needs no clock"
+        ]
 
     # -- claims ------------------------------------------------------------------------
 
