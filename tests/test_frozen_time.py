@@ -9,6 +9,8 @@ this test at its timeout, not hang it.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from datetime import datetime
 
@@ -332,3 +334,31 @@ def test_a_timeout_says_when_received_after_is_later_than_the_sink_s_clock(
             "needs no clock",
         ]
     )
+
+
+IMPORTED_WHILE_FROZEN = """
+import freezegun
+import freezegun.api as real  # its real_* functions: the one module it does not patch
+
+with freezegun.freeze_time("2020-01-01 12:00:00"):
+    from pytest_mailbox import _clock
+
+    before, wall, after = real.real_time(), _clock.wall(), real.real_time()
+    assert before <= wall <= after, (before, wall, after)
+    before, tick, after = real.real_monotonic(), _clock.monotonic(), real.real_monotonic()
+    assert before <= tick <= after, (before, tick, after)
+"""
+
+
+def test_the_clocks_are_the_machine_s_though_imported_under_a_frozen_clock() -> None:
+    # A script (or a first test that freezes time before it touches the mailbox) may
+    # import the plugin's core while time.time is freezegun's: kept as it was, the
+    # "real" clock would be the frozen one for the rest of the process.
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", IMPORTED_WHILE_FROZEN],
+        capture_output=True,
+        text=True,
+        timeout=HANG_NET,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
