@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import smtplib
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from email.message import EmailMessage
 from typing import Any
@@ -15,6 +19,7 @@ import anyio
 import pytest
 
 from pytest_mailbox import ContractError, Mailbox, MailSink, UnexpectedMessage, WaitTimeout
+from pytest_mailbox import agent as agent_module
 from pytest_mailbox.agent import AgentTools
 
 
@@ -311,3 +316,43 @@ def test_an_acall_cancelled_before_a_thread_took_it_is_not_waited_for(
     pytester.makepyfile(_QUEUED_CALL)
     result = pytester.runpytest_subprocess("-n", "0", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=2)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork")
+def test_an_acall_in_a_forked_child_runs_in_a_thread_of_the_child_s(
+    isolated_mailbox: Mailbox,
+) -> None:
+    """acall's threads are the process's: a child that a test forks (multiprocessing, an
+    app server) has none of its parent's, yet the pool it copied counted the idle ones as
+    idle still and started none: every acall of the child waited for ever."""
+    tools = isolated_mailbox.agent_tools()
+    reserve = {"purpose": isolated_mailbox.purpose, "ttl": 60}
+    assert asyncio.run(tools.acall("reserve_mailbox", reserve))["status"] == "reserved"
+    told, said = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: a fork with threads
+        pid = os.fork()
+    if pid == 0:  # the child: its answer, or why it would wait for ever, down the pipe
+        try:
+            os.close(told)
+            gone = [
+                thread
+                for pool in agent_module._acall_threads
+                for thread in pool._threads  # the pool's own: a dead one is the parent's
+                if not thread.is_alive()
+            ]
+            if gone:
+                answer = {"parent_s_threads": len(gone)}
+            else:
+                answer = asyncio.run(tools.acall("reserve_mailbox", reserve))
+            os.write(said, json.dumps(answer).encode())
+        finally:
+            os._exit(0)
+    os.close(said)
+    with os.fdopen(told) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+
+    answer = json.loads(text)
+    assert answer.get("status") == "reserved", answer
+    assert answer["fixture_id"] == isolated_mailbox.mailbox_id

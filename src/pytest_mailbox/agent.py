@@ -127,8 +127,25 @@ FORMATS = ("openai", "openai-responses", "anthropic", "mcp")
 #: they waited for. As many as the MCP server's.
 ACALL_THREADS = 40
 _T = TypeVar("_T")
-_acall_threads: list[ThreadPoolExecutor] = []
+_acall_threads: list[ThreadPoolExecutor] = []  # one, per process: shared by every toolset
 _acall_threads_made = threading.Lock()
+
+
+def _acall_threads_forgotten() -> None:
+    """In a forked child (``multiprocessing``, a test's ``os.fork``): the parent's pool is
+    dropped, and the child's first ``acall`` makes its own. Its threads are not in the
+    child, yet the pool counts those that were idle as idle still and starts none: the
+    child's every ``acall`` waited forever for a thread."""
+    _acall_threads.clear()
+    _acall_threads_made.release()
+
+
+if sys.platform != "win32":  # taken across the fork, as logging's lock is: never mid-make
+    os.register_at_fork(
+        before=_acall_threads_made.acquire,
+        after_in_parent=_acall_threads_made.release,
+        after_in_child=_acall_threads_forgotten,
+    )
 
 
 def _in_own_thread(function: Callable[[], _T]) -> asyncio.Future[_T]:
