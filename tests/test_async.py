@@ -259,32 +259,37 @@ async def test_an_acall_cancelled_once_its_call_was_back_says_its_answer_was_not
 _QUEUED_CALL = """
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import trio
 import trio.testing
 
+from pytest_mailbox import agent
+
 WAIT = {"kind": "code", "timeout": 60}
 
 
 @pytest.mark.asyncio
-async def test_asyncio(isolated_mailbox):
+async def test_asyncio(isolated_mailbox, monkeypatch):
+    # acall's threads are the plugin's, made at its first call (none yet in this process):
+    # one, which a first wait holds. Not the loop's default executor, which acall does
+    # not use: a call made while its one thread was busy ran at once in the plugin's.
+    monkeypatch.setattr(agent, "ACALL_THREADS", 1)
     tools = isolated_mailbox.agent_tools()
-    loop = asyncio.get_running_loop()
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
-    free = threading.Event()
-    holder = loop.run_in_executor(None, free.wait)  # the one worker thread is busy
-    task = asyncio.ensure_future(
-        tools.acall("wait_for_message", {"fixture_id": isolated_mailbox.mailbox_id, **WAIT})
-    )
+    wait = {"fixture_id": isolated_mailbox.mailbox_id, **WAIT}
+    holder = asyncio.ensure_future(tools.acall("wait_for_message", wait))
+    await asyncio.sleep(0)  # one turn: the holder's call takes the one thread
+    task = asyncio.ensure_future(tools.acall("wait_for_message", wait))
     await asyncio.sleep(0)  # one turn: the task queues its call behind the busy thread
     task.cancel()
     await asyncio.sleep(0)  # one turn: the cancel drops the queued call
-    free.set()
-    await holder
     with pytest.raises(asyncio.CancelledError):
         await task
+    holder.cancel()  # its wait stops at once
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+    # The holder's call alone ran: the task's was dropped before a thread took it
+    assert [e.steps for e in tools.evidence()] == [["proposed", "allowed", "cancelled"]]
 
 
 @pytest.mark.anyio
