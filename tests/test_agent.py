@@ -3765,6 +3765,41 @@ def test_an_mcp_call_s_evidence_keeps_the_model_s_id_its_client_gives_in_meta(
 
 
 @SIGNUP
+def test_a_code_in_the_model_s_id_an_mcp_client_gives_is_masked_before_the_id_is_cut(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """The server knows the test's code by its digest alone, which masked the id once cut
+    to 64 characters: a code that the cut split no longer matched it, and its first digits
+    stayed in the evidence, the receipt and JUnit XML. An id ending in the code, of each
+    length around the cut (the server's prefix is 18 characters and the request id's)."""
+    app.signup(isolated_mailbox.address)
+    code = isolated_mailbox.wait_for(timeout=10).code()
+    tools = isolated_mailbox.agent_tools()
+    command = tools.mcp_command()
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    reserve = {"purpose": "signup", "ttl": 60}
+
+    async def session() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            for pad in range(28, 44):
+                meta = {TOOL_CALL_ID_META: f"call_{'x' * pad}{code}"}
+                result = await client.call_tool("reserve_mailbox", reserve, meta=meta)
+                assert result.structured_content is not None
+                assert result.structured_content["status"] == "reserved"
+
+    asyncio.run(session())
+
+    receipt = isolated_mailbox.receipt()
+    for evidence in (tools.evidence(), receipt.evidence or []):
+        models = [e.tool_call_id.split("/", 1)[1] for e in evidence]
+        assert len(models) == 16
+        assert all(m.startswith("call_xxx") for m in models), models
+        assert [m for m in models if code[:3] in m] == []  # no part of it: "call_x…x4839" was
+    app.assert_secret_free(dump_receipt(receipt))
+
+
+@SIGNUP
 def test_mcp_tool_call_ids_are_unique_across_server_sessions(isolated_mailbox: Mailbox) -> None:
     tools = isolated_mailbox.agent_tools()
     command = tools.mcp_command()

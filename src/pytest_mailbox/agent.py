@@ -857,15 +857,16 @@ def _id_unextracted(text: str, hide: Callable[[str], str] = _unextracted) -> str
     return hide(text) if {text, bare} & TEST_EXTRACTED else text
 
 
-def _call_id(text: object) -> str:
+def _call_id(text: object, hide: Callable[[str], str] = _unextracted) -> str:
     """A tool_call_id as evidence keeps it: links redacted and what the test extracted
-    masked, then printable and at most 64 characters.
+    masked (``hide``), then printable and at most 64 characters: masked before it is cut,
+    as a code the cut splits is no longer found.
 
     A harness may have handed its agent a link or a code, which the agent may echo as its
     call's id. Token-like words and digit runs stay: provider ids (``call_…``, ``toolu_01…``)
     are random by design, and masking them would cut the entry off from the transcript.
     """
-    return _shown(_unextracted(_URL_TO_REDACT.sub(_redacted_link, _str(text)[:_MASKED_WHOLE])))
+    return _shown(hide(_URL_TO_REDACT.sub(_redacted_link, _str(text)[:_MASKED_WHOLE])))
 
 
 def _problems(tool: str, exc: Exception) -> str:
@@ -1050,6 +1051,10 @@ class AgentTools:
         )
         try:
             self._hider(call)
+            if tool_call_id:  # again, with the store's digests: a code the test extracted in
+                # its own process (an MCP server's id holds its client's _meta text), which a
+                # cut at 64 characters would split, a part left in clear, before they masked it
+                call.tool_call_id = _call_id(tool_call_id, call.hide)
             answer = self._affordable(self._decide(name, arguments, call))
             if answer.reason is not None:  # it may quote the agent: "there is no tool …"
                 answer = answer.model_copy(update={"reason": call.hide(answer.reason)})
