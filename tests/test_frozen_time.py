@@ -102,6 +102,51 @@ def test_a_wait_ends_at_its_timeout_under_a_frozen_clock(
     result.assert_outcomes(passed=5)
 
 
+ASYNC_WAITS_UNDER_A_FROZEN_CLOCK = """
+import anyio
+import freezegun
+import pytest
+
+from pytest_mailbox import WaitTimeout
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_waits(isolated_mailbox, send, anyio_backend):
+    with freezegun.freeze_time("2020-01-01 12:00:00"):  # no real_asyncio, as the freezer's
+        with pytest.raises(WaitTimeout, match="no message"):
+            await isolated_mailbox.wait_for_async(subject="Never sent", timeout=0.2)
+        await isolated_mailbox.expect_none_async(subject="Never sent", within=0.2)
+        async with anyio.create_task_group() as app:
+            app.start_soon(anyio.to_thread.run_sync, send, isolated_mailbox.address)
+            msg = await isolated_mailbox.wait_for_async(subject="Verify your account")
+        msg.ack()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_real_asyncio_is_asyncio_s_only(isolated_mailbox, anyio_backend):
+    with freezegun.freeze_time("2020-01-01 12:00:00", real_asyncio=True):
+        with pytest.raises(WaitTimeout, match="no message"):
+            await isolated_mailbox.wait_for_async(subject="Never sent", timeout=0.2)
+"""
+
+
+def test_an_async_wait_ends_at_its_timeout_under_a_frozen_clock(
+    pytester: pytest.Pytester,
+) -> None:
+    # The async waits slept on the test's event loop, whose clock freezegun freezes:
+    # asyncio's time.monotonic unless real_asyncio=True, trio's time.perf_counter always.
+    # Their polls never woke: the wait hung even after the mail came.
+    pytest.importorskip("anyio")  # not in the lowest versions' venv (make mindeps)
+    pytest.importorskip("trio")
+    pytester.makepyfile(ASYNC_WAITS_UNDER_A_FROZEN_CLOCK)
+
+    result = _run(pytester)
+
+    result.assert_outcomes(passed=3)
+
+
 SIGN_UP_AND_COME_BACK_A_DAY_LATER = """
 import datetime as dt
 import time

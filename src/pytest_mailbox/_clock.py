@@ -20,7 +20,7 @@ import time
 import types
 from collections.abc import Callable
 
-__all__ = ["monotonic", "perf_counter", "wall"]
+__all__ = ["faked", "monotonic", "perf_counter", "wall"]
 
 
 def _real(name: str) -> Callable[[], float]:
@@ -50,3 +50,10 @@ def monotonic() -> float:
 def perf_counter() -> float:
     """``time.perf_counter()`` unfaked: how long a call took."""
     return _REAL[2]()
+
+
+def faked() -> bool:
+    """Whether freezegun replaced the clocks a test's event loop reads: asyncio's
+    ``time.monotonic`` (unless ``real_asyncio=True``) and trio's ``time.perf_counter``
+    (always). A sleep on that loop then never ends: see ``mailbox.async_sleep``."""
+    return time.monotonic is not _REAL[1] or time.perf_counter is not _REAL[2]

@@ -8,6 +8,7 @@ import math
 import re
 import secrets
 import sys
+import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from pytest_mailbox._clock import monotonic
+from pytest_mailbox._clock import faked, monotonic
 from pytest_mailbox.contract import (
     SELECTOR_FIELDS,
     Checkpoint,
@@ -1277,9 +1278,19 @@ def running_trio() -> ModuleType | None:
 
 
 async def async_sleep(seconds: float) -> None:
-    """``asyncio.sleep``, or ``trio.sleep`` in a trio task."""
+    """``asyncio.sleep``, or ``trio.sleep`` in a trio task: by the machine's clock.
+
+    Both sleep by the loop's clock, which freezegun freezes (asyncio's ``time.monotonic``,
+    unless ``real_asyncio=True``; trio's ``time.perf_counter``, always): such a sleep never
+    ends, and a wait that found nothing never reached its timeout. Then the sleep is a
+    thread's, which the loop awaits (and leaves behind if cancelled: a poll is short)."""
     trio = running_trio()
-    await (asyncio.sleep(seconds) if trio is None else trio.sleep(seconds))
+    if not faked():
+        await (asyncio.sleep(seconds) if trio is None else trio.sleep(seconds))
+    elif trio is None:
+        await asyncio.get_running_loop().run_in_executor(None, time.sleep, seconds)
+    else:
+        await trio.to_thread.run_sync(time.sleep, seconds, abandon_on_cancel=True)
 
 
 def _loop_running() -> bool:
