@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from types import SimpleNamespace
 
 import pytest
 
@@ -407,3 +408,52 @@ def test_the_clocks_are_the_machine_s_though_imported_under_a_frozen_clock() -> 
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+class _Travels:
+    """time_machine as another thread sees it: its travel ends (or starts) between the
+    plugin's look at ``escape_hatch.is_travelling()`` and its read of the time."""
+
+    def __init__(self, *travelling: bool) -> None:
+        self._travelling = list(travelling)
+        self.escape_hatch = SimpleNamespace(
+            is_travelling=self._is_travelling, time=SimpleNamespace(time=self._time)
+        )
+
+    def _is_travelling(self) -> bool:
+        return self._travelling.pop(0) if len(self._travelling) > 1 else self._travelling[0]
+
+    def _time(self) -> float:  # as time-machine's: the real time, while it travels
+        if not self._travelling[0]:
+            msg = "Not currently time-travelling."
+            raise ValueError(msg)
+        return time.time()
+
+
+def test_the_wall_clock_is_the_machine_s_when_a_travel_ends_during_its_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sink's thread read wall() as the test's travel ended: the escape hatch raised
+    # ValueError, and the sink's write with it.
+    from pytest_mailbox import _clock  # noqa: PLC0415 - after the real import of the plugin
+
+    monkeypatch.setitem(sys.modules, "time_machine", _Travels(True, False))
+
+    before, now, after = time.time(), _clock.wall(), time.time()
+
+    assert before <= now <= after
+
+
+def test_the_wall_clock_is_the_machine_s_when_a_travel_starts_during_its_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A travel to 1970 started between the look and time.time(), which read the travel's
+    # time: the store took it for the machine's.
+    from pytest_mailbox import _clock  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "time_machine", _Travels(False, True))
+    monkeypatch.setattr(_clock, "_REAL", (lambda: 0.0, *_clock._REAL[1:]))
+
+    before, now, after = time.time(), _clock.wall(), time.time()
+
+    assert before <= now <= after

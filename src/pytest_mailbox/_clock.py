@@ -34,12 +34,25 @@ _REAL = (_real("time"), _real("monotonic"), _real("perf_counter"))
 
 
 def wall() -> float:
-    """Seconds since the epoch by the machine's clock: ``time.time()`` unfaked."""
+    """Seconds since the epoch by the machine's clock: ``time.time()`` unfaked.
+
+    A travel may start or end in another thread (the test's, while the sink's reads) between
+    the look at it and the read: its escape hatch, asked after the travel ended, raises
+    ``ValueError`` ("Not currently time-travelling."), and ``time.time`` read after one
+    started is the travel's time. Either way the read is made again."""
     machine = sys.modules.get("time_machine")
     hatch = getattr(machine, "escape_hatch", None)
-    if hatch is not None and hatch.is_travelling():
-        return float(hatch.time.time())
-    return _REAL[0]()
+    if hatch is None:
+        return _REAL[0]()
+    while True:
+        if hatch.is_travelling():
+            try:
+                return float(hatch.time.time())
+            except ValueError:  # the travel ended since
+                continue
+        now = _REAL[0]()
+        if not hatch.is_travelling():
+            return now
 
 
 def monotonic() -> float:
