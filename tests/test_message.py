@@ -2057,3 +2057,25 @@ def test_a_date_in_another_language_is_no_code(when: str) -> None:
     )
     with pytest.raises(ExtractionError, match="no code matching"):
         plain(f"Danke f\u00fcr Ihre Bestellung.\n{when}\n").code()
+
+
+@pytest.mark.parametrize(
+    ("html", "code"),
+    [
+        ("<table><tr><td>Account</td><td>482913</td></tr></table>", "482913"),
+        ("<h1>Confirm Account</h1><p><b>482913</b></p>", "482913"),
+        ("<p>Hello Ann,</p><p>4829</p><p>Cheers,</p><p>The team</p>", "4829"),
+        ("<p>Your code</p><p>4829</p><p>Sign In The Easy Way</p>", "4829"),
+    ],
+)
+def test_what_is_no_code_is_read_in_an_html_block_alone(html: str, code: str) -> None:
+    """An HTML body's text is read with its blocks joined by spaces: a heading's or a
+    cell's last word and the next block's number read as one (``Account 482913``, an
+    account's number; ``, 4829 Cheers,``, a postal code before its city), and the mail's
+    one code was taken out as no code: "no code"."""
+    message = Message(build(html=html))
+
+    assert message.code() == code
+    stub = "View this email in your browser: https://app.example.test/view/1"
+    assert Message(build(text=stub, html=html)).code() == code
+    assert " ".join(message._html_blocks) == message._html_text

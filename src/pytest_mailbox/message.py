@@ -1463,13 +1463,15 @@ class _HTMLScan(HTMLParser):
         self.hrefs: list[str] = []
         #: The ``alt`` texts of its images: a code drawn as a picture is written there.
         self.alts: list[str] = []
+        #: Where in ``chunks`` a block (a paragraph, a heading, a cell) begins or ends.
+        self.breaks: list[int] = []
         self._skipping = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in _HTML_SKIP:
             self._skipping += 1
         elif tag in _HTML_BLOCK:
-            self.chunks.append("\n")
+            self._break()
         if tag in ("a", "img"):
             wanted, found = ("href", self.hrefs) if tag == "a" else ("alt", self.alts)
             for name, value in attrs:
@@ -1481,7 +1483,11 @@ class _HTMLScan(HTMLParser):
         if tag in _HTML_SKIP:
             self._skipping = max(0, self._skipping - 1)
         elif tag in _HTML_BLOCK:
-            self.chunks.append("\n")
+            self._break()
+
+    def _break(self) -> None:
+        self.breaks.append(len(self.chunks))
+        self.chunks.append("\n")
 
     def handle_data(self, data: str) -> None:
         if not self._skipping:
@@ -2098,6 +2104,28 @@ class Message:
         """The HTML body as plain text, as ``body_text`` reads it when there is no text part."""
         return " ".join("".join(self._html_scan.chunks).split())
 
+    @cached_property
+    def _html_blocks(self) -> tuple[str, ...]:
+        """The HTML body's text a block at a time (a heading, a paragraph, a cell), each as
+        ``_html_text`` reads it: joined by one space, they are ``_html_text``."""
+        chunks = self._html_scan.chunks
+        blocks, start = [], 0
+        for end in (*self._html_scan.breaks, len(chunks)):
+            block = " ".join("".join(chunks[start:end]).split())
+            if block:
+                blocks.append(block)
+            start = end + 1
+        return tuple(blocks)
+
+    def _searched_html(self, pattern: str | None) -> str:
+        """The HTML body's text as ``code()`` searches it (``_searched``): for the default,
+        what is no code is taken out of each block alone, so that a heading's last word
+        and the next block's number (``Verify your account`` / ``482913``) are not read
+        as one (an account's number), as the text joined by spaces reads them."""
+        if pattern is not None:
+            return self._html_text
+        return " ".join(_searched(None, self._html_blocks))
+
     def _letters_hint(self, texts: tuple[str, ...]) -> str:
         """For a default search that found no code: the pattern that takes a code of
         capitals and digits the texts show (``K7Q-9PX``, masked), or a pattern to write."""
@@ -2171,6 +2199,8 @@ class Message:
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
         texts = _searched(pattern, (self.body_text, self.subject))
+        if not self.text.strip():  # the body is the HTML's text: searched a block at a time
+            texts = (self._searched_html(pattern), texts[1])
         values = self._code_values(source, pattern, texts, self.text)
         html: tuple[str, ...] = ()
         if not values and self.html.strip() and _is_stub(self.text):
@@ -2178,7 +2208,7 @@ class Message:
             # browser") beside the HTML that holds it: the HTML part is read then. Not
             # beside a text part of its own words, whose HTML adds a footer's phone
             # number, an order's number or a price: that mail has no code.
-            html = _searched(pattern, (self._html_text,))
+            html = (self._searched_html(pattern),)
             values = self._code_values(source, pattern, html, "")
         if not values and pattern is None:
             # A code in groups (``483 920``), once neither the text nor the HTML has one
