@@ -2079,3 +2079,22 @@ def test_what_is_no_code_is_read_in_an_html_block_alone(html: str, code: str) ->
     stub = "View this email in your browser: https://app.example.test/view/1"
     assert Message(build(text=stub, html=html)).code() == code
     assert " ".join(message._html_blocks) == message._html_text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Use this code to verify your account: 482913",
+        "Sign in to your account 482913",
+        "Enter this code to confirm the account: 482913",
+        "Code f\u00fcr Ihr Konto: 482913",
+    ],
+)
+def test_a_code_after_the_account_a_sentence_names_is_the_code(text: str) -> None:
+    """``account 12345678`` in a footer is an account's number, no code; the account a
+    sign-in mail's sentence names is no label of the number after it: its one code was
+    taken out, and code() said "no code"."""
+    assert plain(f"{text}\n").code() == "482913"
+    assert plain("Your code is 482913.\n\nSort code 20-00-00, account 12345678\n").code() == (
+        "482913"
+    )

@@ -211,10 +211,15 @@ _PHONE_NUMBER = re.compile(
 #: company's, an order's, a tax or a bank account's number (``Registered in England No.
 #: 2366661``, ``Order no. 10482``, ``HRB 123456``, ``account 12345678``); an IBAN
 #: (``DE89 3704 0044 0532 0130 00``); a reference of capitals, a dash and digits
-#: (``INV-0042``, ``ORD-10482``).
+#: (``INV-0042``, ``ORD-10482``). Not an account a sentence names, whose code follows
+#: (``Use this code to verify your account: 482913``, ``Ihr Konto 482913``).
+_OWNED = r"".join(
+    rf"(?<!{word} )"
+    for word in ("[Yy]our", "[Tt]he", "[Tt]his", "[Mm]y", "[Oo]ur", "[Nn]ew", "[Ii]hr", "[Dd]ein")
+)
 _REGISTERED_NUMBER = re.compile(
     r"(?<![\w])(?:No\.?|no\.|Nr\.?|nr\.|N[\u00ba\u00b0]\.?|HR[AB]|VAT|ABN|EIN|SIRE[NT]"
-    r"|[Aa]ccount|[Aa]cct\.?|Konto|IBAN)"
+    rf"|{_OWNED}(?:[Aa]ccount|[Aa]cct\.?|Konto)|IBAN)"
     r"(?![A-Za-z])[ \u00a0]{0,3}(?::[ \u00a0]{0,3})?(?:#[ \u00a0]{0,3})?"
     r"\d{1,12}(?:[ \u00a0]\d{2,4}){0,4}(?!\d)"
     r"|\b[A-Z]{2}\d{2}(?:[ \u00a0]?[A-Z0-9]{4}){2,7}(?:[ \u00a0]?[A-Z0-9]{1,3})?(?![A-Za-z0-9])"
