@@ -2098,3 +2098,20 @@ def test_a_code_after_the_account_a_sentence_names_is_the_code(text: str) -> Non
     assert plain("Your code is 482913.\n\nSort code 20-00-00, account 12345678\n").code() == (
         "482913"
     )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Your code is **4829**",
+        "Your PIN: ** 4829 **. Don't share it.",
+        "Foxx 4829 is your code",
+    ],
+)
+def test_a_pin_in_markdowns_bold_is_no_cards_last_four(text: str) -> None:
+    """A mailer that writes its text part in Markdown sets the PIN in bold (``**4829**``):
+    its stars were read as a card's masked digits, the PIN as its last four, and code()
+    said "no code". A card's masked digits still are (``**** 4242``)."""
+    assert plain(f"{text}\n").code() == "4829"
+    assert plain("Your code is 4829.\n\nPaid with card **** 4242\n").code() == "4829"
+    assert plain("Your code is 4829.\n\nCard: XXXX-XXXX-XXXX-4242\n").code() == "4829"

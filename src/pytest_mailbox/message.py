@@ -186,11 +186,12 @@ _ADDRESS_NUMBER = re.compile(
     re.MULTILINE,
 )
 #: The last four digits of a payment card, as a receipt shows them (``Visa – 4242``,
-#: ``ending in 4242``, ``•••• 4242``): no code.
+#: ``ending in 4242``, ``•••• 4242``): no code. Not a PIN in Markdown's bold (``**4829**``,
+#: ``** 4829 **``), whose stars close after it, nor after a word's ``xx`` (``Foxx 4829``).
 _CARD_DIGITS = re.compile(
     r"(?:\b(?:Visa|VISA|Mastercard|MasterCard|Amex|AMEX|American Express|Discover|JCB|Maestro"
-    r"|UnionPay|[Ee]nding in|[Ee]nding)\b|(?<![•*xX\u00b7])[•*xX\u00b7]{2,16})"
-    r"[ \u00a0\u2013\u2014:•*\u00b7-]{0,6}\d{4}(?!\d)"
+    r"|UnionPay|[Ee]nding in|[Ee]nding)\b|(?<![\w•*\u00b7])[•*xX\u00b7]{2,16})"
+    r"[ \u00a0\u2013\u2014:•*\u00b7-]{0,6}\d{4}(?!\d|[ \u00a0]{0,2}\*)"
 )
 #: A phone number as a footer gives one, whose groups may be joined by spaces: after
 #: ``+`` (``+44 20 7946 0958``, ``+49 (0)30 12345678``), from a national ``0`` (``0345 300
