@@ -2115,3 +2115,14 @@ def test_a_pin_in_markdowns_bold_is_no_cards_last_four(text: str) -> None:
     assert plain(f"{text}\n").code() == "4829"
     assert plain("Your code is 4829.\n\nPaid with card **** 4242\n").code() == "4829"
     assert plain("Your code is 4829.\n\nCard: XXXX-XXXX-XXXX-4242\n").code() == "4829"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["We sent code 4829 via SMS.", "Il tuo codice \u00e8 4829 via email.", "Use 4829, via the app"],
+)
+def test_a_code_sent_via_something_is_the_code(text: str) -> None:
+    """``12 rue de Rivoli`` is a street's number; ``4829 via SMS`` is a code: the word
+    ``via`` after it was read as a street's, and code() said "no code"."""
+    assert plain(f"{text}\n").code() == "4829"
+    assert plain("Your code is 4829.\n\nAcme, 1200 Via Verde, San Dimas\n").code() == "4829"

@@ -162,7 +162,8 @@ _DATE_IN_WORDS = re.compile(
 )
 #: The numbers of a postal address, as a sender's footer states it: a street's number
 #: before its name (``1600 Amphitheatre Parkway``, ``10800 NE 8th Street``), or before a
-#: French or Spanish street word (``12 rue de Rivoli``), a suite's (``Suite 700``), a US
+#: French or Spanish street word (``12 rue de Rivoli``; ``Via``, ``Calle`` and ``Rua`` as names
+#: write them, capitalised: ``4829 via SMS`` is a code), a suite's (``Suite 700``), a US
 #: ZIP code after its state (``Mountain View, CA 94043``), a postal code after a comma
 #: before a city that ends the line (``, 75001 Paris``). At most five digits: a code of
 #: six or more is never taken for one.
@@ -178,7 +179,7 @@ _ADDRESS_NUMBER = re.compile(
     r"(?<![\w.,-])\d{1,5}[A-Za-z]?(?:[ \u00a0](?:\d{1,3}(?:st|nd|rd|th)"
     rf"|[A-Z][A-Za-z'-]*\.?)){{1,5}}[ \u00a0]+(?:{_STREET_TYPES})\b(?!-)"
     r"|(?<![\w.,-])\d{1,5}(?:[ \u00a0]?(?:bis|ter))?,?[ \u00a0]+"
-    r"(?:[Rr]ue|[Aa]venue|[Bb]oulevard|[Pp]lace|[Cc]hemin|[Qq]uai|[Cc]alle|[Vv]ia|[Rr]ua)\b"
+    r"(?:[Rr]ue|[Aa]venue|[Bb]oulevard|[Pp]lace|[Cc]hemin|[Qq]uai|Calle|Via|Rua)\b"
     r"|\b(?:Suite|Ste|Unit|Floor|Fl|Apt|P\.?[ \u00a0]?O\.?[ \u00a0]?Box)\.?"
     r"[ \u00a0]*#?\d{1,5}(?!\d)"
     rf"|\b[A-Z][a-z]+,?[ \u00a0]+(?:{_US_STATES})[ \u00a0]+\d{{5}}(?:-\d{{4}})?(?!\d)"
