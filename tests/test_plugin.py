@@ -3725,3 +3725,58 @@ def test_a_code_found_in_groups_is_masked_as_the_html_source_writes_it(
     clear = re.compile(r"(?<![0-9a-fA-F.])731(?![0-9a-fA-F])")
     for text in ("\n".join(result.outlines + result.errlines), junit):
         assert clear.search(text) is None, text
+
+
+ONE_DIGIT_A_LINE_CONFTEST = """
+import smtplib
+from email.message import EmailMessage
+
+import pytest
+
+CELLS = "".join(f"<td class='digit'>\\n  {digit}\\n</td>\\n" for digit in "731604")
+
+
+@pytest.fixture
+def sent(isolated_mailbox, mailbox_server):
+    msg = EmailMessage()
+    msg["From"] = "noreply@app.example.test"
+    msg["To"] = isolated_mailbox.address
+    msg["Subject"] = "Code"
+    msg.set_content(f"<p>Enter this code:</p><table><tr>\\n{CELLS}</tr></table>", subtype="html")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(msg)
+    return isolated_mailbox.wait_for(subject="Code")
+"""
+
+ONE_DIGIT_A_LINE_SUITE = """
+def test_html(sent):
+    code = sent.code()
+    print("the mail's HTML", sent.html)
+    assert sent.html == code
+
+
+def test_raw(sent):
+    code = sent.code()
+    assert sent.raw == code
+"""
+
+
+def test_a_code_written_one_digit_a_line_is_masked_on_every_line(
+    pytester: pytest.Pytester,
+) -> None:
+    """A template's cells each hold one digit of the code on a line of its own
+    (``<td>\\n  7\\n</td>``): code() reads ``7 3 1 6 0 4``, and the report masked the HTML
+    a line at a time, each line as ``••7``, its last two characters: the diff, the
+    captured output and the raw message showed the code, a digit a line."""
+    pytester.makeconftest(ONE_DIGIT_A_LINE_CONFTEST)
+    pytester.makepyfile(ONE_DIGIT_A_LINE_SUITE)
+
+    result = pytester.runpytest("-vv", "--junitxml=junit.xml")
+
+    result.assert_outcomes(failed=2)
+    junit = (pytester.path / "junit.xml").read_text()
+    for text in ("\n".join(result.outlines + result.errlines), junit):
+        assert "the mail's HTML" in text
+        # A digit alone on a line of the HTML: in the diff, the captured output, a repr.
+        alone = re.findall(r"(?:^|\n|\\r\\n)(?:E\s+[-+])?\s*\u2022*([0-9])(?=$|\n|\\r\\n)", text)
+        assert alone == [], text

@@ -1267,9 +1267,13 @@ def _bullets(match: re.Match[str]) -> str:
 
 def _mask_value(text: str, value: str) -> str:
     """Mask ``value`` wherever ``text`` holds it, also inside a word; one of digits only
-    where no digit touches it (a remembered ``827907`` leaves ``job 8279071`` as it is)."""
+    where no digit touches it (a remembered ``827907`` leaves ``job 8279071`` as it is).
+    Digits too few to show two of (a code's group on a line of its own: ``7`` of a code
+    written one digit a cell, ``<td>\n  7\n</td>``) are bullets only: each line shown
+    with its last two characters showed the code whole, a digit a line."""
     if value.isdigit():
-        return re.sub(rf"(?<!\d){value}(?!\d)", _keep_length(value), text)
+        shown = _keep_length(value) if len(value) >= _MIN_MASKED_TAIL else _MASK
+        return re.sub(rf"(?<!\d){value}(?!\d)", shown, text)
     return text.replace(value, _keep_length(value))
 
 
