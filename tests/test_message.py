@@ -2126,3 +2126,26 @@ def test_a_code_sent_via_something_is_the_code(text: str) -> None:
     ``via`` after it was read as a street's, and code() said "no code"."""
     assert plain(f"{text}\n").code() == "4829"
     assert plain("Your code is 4829.\n\nAcme, 1200 Via Verde, San Dimas\n").code() == "4829"
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("<p>Your code</p>", "<p>1 use only. It expires in 10 minutes.</p>"),
+        ("<p>Step 2</p>", "<p>It expires in 10 minutes.</p>"),
+        ("<p>Your code</p>", "<p>5 items are waiting in your cart.</p>"),
+    ],
+)
+def test_a_code_one_digit_a_cell_takes_no_digit_of_the_blocks_beside_it(
+    before: str, after: str
+) -> None:
+    """The cells of a code written a digit a cell read ``4 8 2 9 1 3``, and so did a
+    paragraph's first or last digit beside them: code() returned ``4829131`` for
+    ``1 use only`` after the code, ``2482913`` for ``Step 2`` before it, the wrong
+    code, or "no code" (``4 8 2 9 1 3 5 items``, an amount)."""
+    cells = "".join(f"<td>{digit}</td>" for digit in "482913")
+    html = f"{before}<table><tr>{cells}</tr></table>{after}"
+
+    assert Message(build(html=html)).code() == "482913"
+    stub = "View this email in your browser: https://app.example.test/view/1"
+    assert Message(build(text=stub, html=html)).code() == "482913"

@@ -2132,10 +2132,22 @@ class Message:
         """The HTML body's text as ``code()`` searches it (``_searched``): for the default,
         what is no code is taken out of each block alone, so that a heading's last word
         and the next block's number (``Verify your account`` / ``482913``) are not read
-        as one (an account's number), as the text joined by spaces reads them."""
+        as one (an account's number), as the text joined by spaces reads them; a block of
+        one digit (a cell of a code written a digit a cell) is joined by a line break to
+        one that is not."""
         if pattern is not None:
             return self._html_text
-        return " ".join(_searched(None, self._html_blocks))
+        blocks = self._html_blocks
+        searched = _searched(None, blocks)
+        if len(searched) < 2:
+            return "".join(searched)
+        # A code one digit a cell reads ``4 8 2 9 1 3``: the digits of the blocks beside
+        # it are none of its own (``Step 2``, ``5 items in cart``), a line break apart.
+        joined = [searched[0]]
+        for before, block, text in zip(blocks, blocks[1:], searched[1:], strict=False):
+            apart = (len(before) == 1 and before.isdigit()) != (len(block) == 1 and block.isdigit())
+            joined += ["\n" if apart else " ", text]
+        return "".join(joined)
 
     def _letters_hint(self, texts: tuple[str, ...]) -> str:
         """For a default search that found no code: the pattern that takes a code of
