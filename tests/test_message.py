@@ -2149,3 +2149,19 @@ def test_a_code_one_digit_a_cell_takes_no_digit_of_the_blocks_beside_it(
     assert Message(build(html=html)).code() == "482913"
     stub = "View this email in your browser: https://app.example.test/view/1"
     assert Message(build(text=stub, html=html)).code() == "482913"
+
+
+@pytest.mark.parametrize("points", ["1234567", "123456", "0123456", "23456789"])
+def test_a_surveys_scale_a_cell_a_point_is_no_code(points: str) -> None:
+    """A survey's mail asks a rating on a scale, a link in a cell for each point: its
+    cells read ``1 2 3 4 5 6 7``, six to eight single digits, and code() returned
+    ``1234567`` for a mail with no code. A code written a digit a cell still is one."""
+    cells = "".join(
+        f'<td><a href="https://survey.example.test/r?s={point}">{point}</a></td>'
+        for point in points
+    )
+    html = f"<p>How likely are you to recommend us?</p><table><tr>{cells}</tr></table>"
+    with pytest.raises(ExtractionError, match="no code matching"):
+        Message(build(html=html)).code()
+    code = "".join(f"<td>{digit}</td>" for digit in "731604")
+    assert Message(build(html=f"<table><tr>{code}</tr></table>")).code() == "731604"

@@ -75,6 +75,9 @@ _SPACED_CODE = (
     rf"(?![ \u00a0\u202f]?(?:[$\u00a3\u20ac\u00a5]|(?:{_AMOUNT_UNITS})\b))"
 )
 _NOT_DIGIT = re.compile(r"\D")
+#: Single digits that count up by one (``1 2 3 4 5 6 7``, ``0 1 2 3 4 5 6``) are a scale's
+#: points, a cell each, as a survey asks a rating: no code written a digit a cell.
+_SCALE = "0123456789"
 #: What joins a code's groups in the bodies as a test may show them (``msg.html``,
 #: ``msg.text``): the space, no-break space or dash ``code()`` read, as written, as an
 #: HTML entity in any of the spellings an HTML parser reads (``483&nbsp;920``,
@@ -2083,6 +2086,8 @@ class Message:
                 raise self._too_many_numbers(len(haystack)) from None
             for match in found:
                 value = _NOT_DIGIT.sub("", match.group())
+                if match.group("one") and value in _SCALE:
+                    continue  # a survey's scale, a cell a point (1 2 3 4 5 6 7): no code
                 values.setdefault(value, None)
                 self._written.setdefault(value, set()).add(match.group())
         return values
