@@ -7,6 +7,7 @@ xdist controller never runs a sink: none of that should import asyncio and aiosm
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import importlib.metadata
@@ -16,6 +17,7 @@ import socket
 import sys
 import threading
 import unicodedata
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -76,7 +78,53 @@ def _tcp_socket(host: str) -> socket.socket:
     # the listener says TCP (proto 0 does not), and without it every client that opens a
     # connection per mail waits ~40 ms on Nagle's algorithm.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    return _Listener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+
+def _socket_class() -> type[socket.socket]:
+    """``socket.socket`` as the socket module defines it, under any subclass put in its
+    place: pytest-socket's ``--disable-socket`` puts one that refuses to make a socket."""
+    for cls in socket.socket.__mro__:
+        if cls.__module__ == "socket" and cls.__name__ == "socket":
+            return cls
+    return socket.socket  # pragma: no cover - no guard of that kind
+
+
+#: The sink's own sockets are its plumbing, not a test's use of the network: what
+#: pytest-socket governs is the connection the app under test opens to the sink
+#: (``--allow-hosts=127.0.0.1``).
+_SOCKET = _socket_class()
+
+
+class _Listener(_SOCKET):  # type: ignore[misc,valid-type]
+    """A listening socket whose accepted connections are sockets whatever class the socket
+    module hands out at the time: the stdlib's ``accept`` makes them with
+    ``socket.socket``, so a guard put there after the sink started (pytest-socket's, in
+    every test's setup) refused each one and left its client waiting for a banner."""
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        fd, peer = self._accept()
+        conn = _SOCKET(self.family, self.type, self.proto, fileno=fd)
+        if socket.getdefaulttimeout() is None and self.gettimeout():
+            conn.setblocking(True)  # as the stdlib's accept does
+        return conn, peer
+
+
+@contextlib.contextmanager
+def unguarded_sockets() -> Iterator[None]:
+    """``socket.socket`` as the socket module defines it, for the sink's start: asyncio
+    makes its event loop's self-pipe with ``socket.socketpair()``, which a guard in its
+    place (pytest-socket's) refuses. Any other thread sees the real class for that time:
+    it only loosens a guard, as pytest-socket's own ``enable_socket`` does."""
+    guard = socket.socket
+    if guard is _SOCKET:
+        yield
+        return
+    socket.socket = _SOCKET  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        socket.socket = guard  # type: ignore[misc]
 
 
 def address(host: str, port: int | str) -> str:

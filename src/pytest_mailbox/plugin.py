@@ -798,6 +798,10 @@ def pytest_runtest_makereport(
             except StoreError as exc:  # the store failed under the test: no INTERNALERROR
                 timeline = f"{mailbox.address}: its timeline could not be read: {exc}"
             report.sections.append(("mailbox", timeline))
+        if call.excinfo is not None and "mailbox_server" in getattr(item, "fixturenames", ()):
+            hint = _socket_hint(call.excinfo.value, item.config.stash[_settings_key].host)
+            if hint is not None:
+                report.sections.append(("mailbox", hint))
     if report.when == "teardown":
         # pytest keeps every item to the end of the session: the receipts are all that stay.
         closed, item.stash[_closed_key] = item.stash.get(_closed_key, []), []
@@ -812,6 +816,39 @@ def pytest_runtest_makereport(
         _mask_extracted(report)
     _mask_recorded(item, report)
     return report
+
+
+def _socket_hint(exc: BaseException | None, host: str) -> str | None:
+    """What to allow, if pytest-socket refused this test a socket, or a connection to the
+    sink's host: its error, or under ``-W error`` the warning it gives first (``A test
+    tried to use socket.socket.``), or an app's error raised from either. None for a
+    connection it refused to another host, which is none of the sink's business."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc)
+        if type(exc).__module__ == "pytest_socket" or (
+            isinstance(exc, UserWarning) and text.startswith("A test tried to use socket")
+        ):
+            refused = _REFUSED_HOST.search(text)
+            if (
+                refused
+                and refused[1] != host
+                and not (is_loopback(refused[1]) and is_loopback(host))
+            ):
+                return None
+            return (
+                "pytest-socket blocked a connection of this test, and the mailbox sink listens "
+                f"on {host}: let the test reach it with --allow-hosts={host} (beside "
+                f"--disable-socket; add {host} to a list you give) or "
+                f"@pytest.mark.allow_hosts([{host!r}]) on the test"
+            )
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+#: The host in pytest-socket's refusal of a connection (``--allow-hosts``).
+_REFUSED_HOST = re.compile(r'connect\(\) with host "([^"]*)"')
 
 
 def _teardown_failed(

@@ -33,6 +33,7 @@ from pytest_mailbox.endpoint import (
     listen,
     normalize_domain,
     split_address,
+    unguarded_sockets,
 )
 from pytest_mailbox.errors import StoreError
 from pytest_mailbox.message import index
@@ -913,13 +914,14 @@ class MailSink(SmtpEndpoint):
             return self
         sock = self._bind()
         self.port = int(sock.getsockname()[1])
+        with unguarded_sockets():  # pytest-socket's guard: see unguarded_sockets
+            loop = _Loop()
+        self._loop = loop
         logging.getLogger(_AIOSMTPD_LOGGER).addFilter(self._log_filter)
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def serve() -> None:
-            loop = _Loop()
-            self._loop = loop
             try:
                 self._server = loop.run_until_complete(
                     loop.create_server(
