@@ -1,12 +1,16 @@
-"""The plugin beside other pytest plugins a project runs with it: pytest-socket
-(pytest-html, pytest-retry, subtests and the rest have tests of their own, beside the
-feature each touches)."""
+"""The plugin beside other pytest plugins a project runs with it: pytest-socket,
+pytest-json-report and pytest-reportlog (pytest-html, pytest-retry, subtests and the rest
+have tests of their own, beside the feature each touches)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 pytest.importorskip("pytest_socket")
+pytest.importorskip("pytest_jsonreport")
+pytest.importorskip("pytest_reportlog")
 
 #: An app in another process, as a test under pytest-socket starts one: it sends the code
 #: to the address given, over SMTP to the host and port given.
@@ -68,6 +72,7 @@ def test_the_sink_serves_under_pytest_socket_disable_socket(
     result.assert_outcomes(passed=2)
 
 
+LINK = "https://app.example.test/verify?token=Zq8xYtK2mP4rT7wQ9sL1AbCdEfGh"
 SENDER_CONFTEST = """
 import smtplib
 from email.message import EmailMessage
@@ -75,7 +80,7 @@ from email.message import EmailMessage
 import pytest
 
 
-TOKEN = "Zq8xYtK2mP4rT7wQ9sL1AbCdEfGh"
+LINK = "https://app.example.test/verify?token=Zq8xYtK2mP4rT7wQ9sL1AbCdEfGh"
 
 
 @pytest.fixture
@@ -85,7 +90,7 @@ def send(mailbox_server):
         msg["From"] = "noreply@app.example.test"
         msg["To"] = to
         msg["Subject"] = "Verify your account"
-        msg.set_content(f"Open https://app.example.test/verify?token={TOKEN} or use 482913")
+        msg.set_content(f"Open {LINK} or use 482913")
         with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
             smtp.send_message(msg)
     return send
@@ -132,3 +137,57 @@ def test_a_test_that_pytest_socket_keeps_from_the_sink_is_told_what_to_allow(
     result = pytester.runpytest("--disable-socket", "--allow-hosts=127.0.0.1", "-n", workers)
     result.assert_outcomes(passed=1, failed=1)
     assert hint not in result.outlines
+
+
+OUTPUT_SUITE = """
+import logging
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_signup(isolated_mailbox, send, json_metadata, fails):
+    send(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for()
+    link, code = msg.link(), msg.code()
+    print("opening", link, "code", code)
+    print("code", code, file=sys.stderr)
+    logging.getLogger("app").warning("sent %s", link, extra={"code": code})
+    json_metadata["link"] = link
+    assert not fails
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_pytest_json_report_and_reportlog_files_show_no_secret(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """pytest-json-report keeps its own copy of a test's output: its stdout, stderr and
+    log records (each whole: the ``extra`` fields too) and its ``json_metadata``, on the
+    report, and pytest-reportlog writes the report with it. Both files had the link and
+    the code in clear, a passing test's too; they keep the receipts."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(OUTPUT_SUITE)
+
+    result = pytester.runpytest(
+        "-n", workers, "--json-report", "--json-report-file=report.json", "--report-log=log.jsonl"
+    )
+
+    result.assert_outcomes(passed=1, failed=1)
+    report = (pytester.path / "report.json").read_text()
+    log = (pytester.path / "log.jsonl").read_text()
+    for text in (report, log):
+        for secret in ("Zq8xYtK2m", "AbCdEfGh", "482913"):
+            assert secret not in text, secret
+    tests = json.loads(report)["tests"]
+    assert [len(t["user_properties"]) for t in tests] == [1, 1]  # the receipts
+    assert all("mailbox.receipt" in t["user_properties"][0] for t in tests)
+    passed, failed = tests[0]["call"], tests[1]["call"]
+    assert passed["stdout"].endswith("code ••••13\n")
+    assert failed["stderr"] == "code ••••13\n"
+    [record] = [r for r in failed["log"] if r["name"] == "app"]  # the root logger's level
+    assert record["code"] == "••••13"
+    masked_link = "•" * (len(LINK) - 2) + LINK[-2:]  # extracted whole, masked whole
+    assert record["msg"] == f"sent {masked_link}"
+    assert tests[1]["metadata"]["link"] == masked_link

@@ -815,6 +815,7 @@ def pytest_runtest_makereport(
     if not report.passed or report.sections:  # a pass shows its output too: -rP, JUnit, …
         _mask_extracted(report)
     _mask_recorded(item, report)
+    _mask_json_report(report)
     return report
 
 
@@ -980,6 +981,18 @@ def _mask_recorded(item: pytest.Item, report: pytest.TestReport) -> None:
         ]
 
 
+def _mask_json_report(report: pytest.TestReport) -> None:
+    """pytest-json-report keeps its own copy of what a test printed and logged (each log
+    record whole: its message, ``exc_text``, ``extra`` fields) and of its
+    ``json_metadata``, in ``report._json_report_extra``: it writes that to its JSON file,
+    and xdist and pytest-reportlog send or write it with the report. Masked as the
+    report's own sections are, a passing test's too."""
+    extra = getattr(report, "_json_report_extra", None)
+    mask = _masker() if isinstance(extra, dict) and extra else None
+    if mask is not None:
+        _masked(extra, mask, set())
+
+
 def _own_property(entry: object) -> bool:
     """A ``(name, value)`` the test recorded (a list of two too, as JUnit takes one), not
     the plugin's receipt (nor an entry that is no pair: pytest's JUnit fails on it)."""
@@ -1054,7 +1067,7 @@ def _mask_report(report: pytest.TestReport, mask: Callable[[str], str]) -> None:
 
 
 def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
-    """``node`` with ``mask`` applied to all its text: lists and repr objects changed in
+    """``node`` with ``mask`` applied to all its text: lists, dicts and repr objects changed in
     place (the ``seen`` ones once: a chain's last traceback is also the report's), strings
     and tuples replaced."""
     if isinstance(node, str):
@@ -1064,9 +1077,12 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
         return "\n".join(_unguided(text.split("\n")))  # the crash message, say
     if isinstance(node, tuple):
         return tuple(_masked(part, mask, seen) for part in node)
-    if isinstance(node, list | TerminalRepr) and id(node) not in seen:
+    if isinstance(node, list | dict | TerminalRepr) and id(node) not in seen:
         seen.add(id(node))
-        if isinstance(node, list) and _lines(node):
+        if isinstance(node, dict):  # pytest-json-report's: its stages, a log record's fields
+            for key, value in node.items():
+                node[key] = _masked(value, mask, seen)
+        elif isinstance(node, list) and _lines(node):
             # Masked together: a diff's header says where the lines after it were cut.
             masked = mask("\n".join(node)).split("\n")
             if len(masked) != len(node):
