@@ -4,12 +4,23 @@ what it leaves behind, and what one run does to another on the same machine."""
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_mailbox.plugin import STORE_NAME
+
 pytestmark = pytest.mark.skipif(
-    not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd and /proc/net/tcp"
+    not Path("/proc/self/fd").is_dir() or not hasattr(os, "mkfifo"),
+    reason="counts /proc/self/fd and /proc/net/tcp, and meets other runs through FIFOs",
 )
 
 #: What these tests' inner runs leave out: plugins that would change them (see conftest.py).
@@ -238,3 +249,200 @@ def test_a_long_run_holds_as_much_at_its_end_as_after_its_first_cycle(
         assert after_warm_up["sockets"] == {"0A": 1}  # the sink's listener, and nothing else
         for later in counts[2:]:
             assert later == after_warm_up
+
+
+SMALL_SUITE = """
+import json
+import os
+import select
+
+import pytest
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=60, lease=30, link_domains=["app.example.test"])
+@pytest.mark.parametrize("n", range(3))
+def test_mail(isolated_mailbox, send, n):
+    send(isolated_mailbox.address)
+    isolated_mailbox.wait_for(subject_contains="Verify").ack()
+
+
+@pytest.mark.email_contract(purpose="signup", ttl=60, lease=30, link_domains=["app.example.test"])
+def test_agent(isolated_mailbox, send):
+    send(isolated_mailbox.address)
+    tools = isolated_mailbox.agent_tools()
+    fixture_id = tools.call("reserve_mailbox", {"purpose": "signup", "ttl": 60})["fixture_id"]
+    claim = tools.call("claim_message", {"fixture_id": fixture_id, "selector": {}})
+    ack = {"fixture_id": fixture_id, "message_id": claim["message_id"], "fence": claim["fence"]}
+    assert tools.call("ack_message", ack)["status"] == "consumed"
+
+
+def test_held(isolated_mailbox, send, mailbox_server, mailbox_store):
+    '''Claims its mail, says so on the FIFO ready-<run>, and acks only once the FIFO
+    go-<run> says go (it holds its claim meanwhile, as other runs start and end).'''
+    fifos = os.environ.get("FIFOS")
+    send(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject_contains="Verify")
+    if fifos:
+        run = os.environ["RUN"]
+        go = os.open(os.path.join(fifos, f"go-{run}"), os.O_RDONLY | os.O_NONBLOCK)
+        said = {"port": mailbox_server.port, "store": str(mailbox_store.path),
+                "address": isolated_mailbox.address, "pid": os.getpid()}
+        with open(os.path.join(fifos, f"ready-{run}"), "w") as ready:
+            ready.write(json.dumps(said) + "\\n")
+        select.select([go], [], [])  # until the runner writes: no timeout (it has one)
+        assert os.read(go, 2) == b"go"
+        os.close(go)
+    msg.ack()
+    (seen,) = isolated_mailbox.receipt().messages
+    assert seen.consumed_at is not None
+"""
+
+#: What one run of SMALL_SUITE says at its end.
+SMALL_SUITE_COUNTS = (
+    "mailbox: 5 reserved, 5 received, 5 claimed, 5 consumed, 0 expired, 0 claims expired, "
+    "0 unrouted"
+)
+
+
+def _project(root: Path) -> Path:
+    root.mkdir()
+    (root / "conftest.py").write_text(SEND_CONFTEST)
+    (root / "test_small.py").write_text(SMALL_SUITE)
+    return root
+
+
+def _environment(tmp: Path, **more: str) -> dict[str, str]:
+    """A machine of its own: pytest's default basetemp under ``tmp``, no home to write to."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "XDG_"))}
+    env.update(TMPDIR=str(tmp), HOME=str(tmp / "home"), **more)
+    return env
+
+
+def _pytest(project: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """A pytest run of its own (no --basetemp: pytest's default), in its own process group."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *BLOCKED, "-p", "no:cacheprovider", *args],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _ended(run: subprocess.Popen[str]) -> str:
+    try:
+        return run.communicate(timeout=180)[0]  # a hang net, never a synchronisation
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        pytest.fail("a run hung:\n" + run.communicate()[0])
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+#: What a run's basetemp holds when it ended, besides its workers' own basetemps.
+RUN_FILES = {
+    STORE_NAME,
+    f"{STORE_NAME}.lock",
+    STORE_NAME.replace(".sqlite3", ".agent.sqlite3"),
+    STORE_NAME.replace(".sqlite3", ".agent.sqlite3") + ".lock",
+}
+
+
+def test_runs_in_a_row_leave_files_in_pytests_basetemps_only(tmp_path: Path) -> None:
+    """Four runs in one project, with pytest's default basetemp: what they leave is in the
+    basetemps pytest keeps (three), and nothing else grows: no file in the project, the
+    home or the temporary directory beside them, no store log (-wal, -shm) left."""
+    project = _project(tmp_path / "project")
+    tmp = tmp_path / "tmp"
+    (tmp / "home").mkdir(parents=True)
+    env = _environment(tmp)
+    before = _files(project)
+    for workers in ("0", "0", "2", "0"):
+        out = _ended(_pytest(project, env, "-n", workers))
+        assert "5 passed" in out, out
+        assert SMALL_SUITE_COUNTS in out, out
+    assert _files(project) == before
+    assert not any((tmp / "home").iterdir())
+    (user,) = tmp.glob("pytest-of-*")
+    assert {p.name for p in tmp.iterdir()} == {"home", user.name}
+    kept = sorted(p for p in user.iterdir() if not p.is_symlink())
+    assert [p.name for p in kept] == ["pytest-1", "pytest-2", "pytest-3"]
+    for basetemp, workers in zip(kept, ("0", "2", "0"), strict=True):
+        files = {p.name for p in basetemp.iterdir()}
+        assert files == RUN_FILES | ({"popen-gw0", "popen-gw1"} if workers == "2" else set())
+
+
+@contextmanager
+def _fifos(where: Path, runs: int) -> Iterator[Path]:
+    where.mkdir()
+    for run in range(runs):
+        os.mkfifo(where / f"ready-{run}")
+        os.mkfifo(where / f"go-{run}")
+    yield where
+
+
+def _ready(fifos: Path, run: int, runs: dict[int, subprocess.Popen[str]]) -> dict[str, Any]:
+    """What run ``run`` said once its test_held holds its claim."""
+    fd = os.open(fifos / f"ready-{run}", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        line = b""
+        while not line.endswith(b"\n"):
+            if not select.select([fd], [], [], 180)[0]:  # a hang net, not a synchronisation
+                for other in runs.values():
+                    os.killpg(other.pid, signal.SIGKILL)
+                out = "\n".join(f"--- {n}:\n{r.communicate()[0]}" for n, r in runs.items())
+                pytest.fail(f"run {run} never held its claim:\n{out}")
+            line += os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    said: dict[str, Any] = json.loads(line)
+    return said
+
+
+def _go(fifos: Path, run: int) -> None:
+    fd = os.open(fifos / f"go-{run}", os.O_WRONLY | os.O_NONBLOCK)  # its reader is open
+    try:
+        os.write(fd, b"go")
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(("workers", "count"), [("0", 4), ("2", 2)])
+def test_runs_at_once_on_one_machine_neither_share_nor_touch_each_others(
+    tmp_path: Path, workers: str, count: int
+) -> None:
+    """Runs started together, with pytest's default basetemp (two terminals in a project,
+    tox -p, two projects on one CI runner), all hold a claim at once; then they end one
+    after the other, each while the later ones still hold theirs. Each has its own sink
+    port and store, its end closes and counts only its own mailboxes, and pytest's cleanup
+    of old basetemps (it keeps three) removes no store of a run still going."""
+    projects = [_project(tmp_path / "project-a"), _project(tmp_path / "project-b")]
+    tmp = tmp_path / "tmp"
+    (tmp / "home").mkdir(parents=True)
+    with _fifos(tmp_path / "fifos", count) as fifos:
+        runs = {
+            run: _pytest(
+                projects[run % 2],
+                _environment(tmp, FIFOS=str(fifos), RUN=str(run)),
+                "-n",
+                workers,
+            )
+            for run in range(count)
+        }
+        said = {run: _ready(fifos, run, runs) for run in runs}
+        assert len({s["port"] for s in said.values()}) == count
+        assert len({s["store"] for s in said.values()}) == count
+        outs = {}
+        for run, process in runs.items():
+            _go(fifos, run)
+            outs[run] = _ended(process)
+            for later in range(run + 1, count):
+                assert Path(said[later]["store"]).exists()
+    for run, out in outs.items():
+        assert runs[run].returncode == 0, out
+        assert SMALL_SUITE_COUNTS in out, out
+        assert "another pytest run" not in out, out
