@@ -446,3 +446,33 @@ def test_runs_at_once_on_one_machine_neither_share_nor_touch_each_others(
         assert runs[run].returncode == 0, out
         assert SMALL_SUITE_COUNTS in out, out
         assert "another pytest run" not in out, out
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_killed_with_its_workers_leaves_nothing_that_stops_the_next(
+    tmp_path: Path, workers: str, fixed_port: int
+) -> None:
+    """``kill -9`` of a whole run (a CI job cancelled, a terminal closed) while a test holds
+    a claim, in fixed-port mode with a receipts file: the next run, at once, takes the same
+    port (the killed sink's connections may still be in TIME_WAIT) and the same receipts
+    file (its lock died with its holder), and holds only its own receipts. What the killed
+    run left (its store and its log) stays in its own basetemp, which pytest removes in
+    turn."""
+    project = _project(tmp_path / "project")
+    tmp = tmp_path / "tmp"
+    (tmp / "home").mkdir(parents=True)
+    args = ("-n", workers, f"--mailbox-port={fixed_port}", "--mailbox-receipts=receipts.jsonl")
+    with _fifos(tmp_path / "fifos", 1) as fifos:
+        killed = _pytest(project, _environment(tmp, FIFOS=str(fifos), RUN="0"), *args)
+        held = _ready(fifos, 0, {0: killed})
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.communicate(timeout=180)  # a hang net
+    left = Path(held["store"]).parent
+    assert {p.name for p in left.iterdir()} >= {STORE_NAME, f"{STORE_NAME}-wal"}
+
+    out = _ended(_pytest(project, _environment(tmp), *args))
+    assert "5 passed" in out, out
+    assert SMALL_SUITE_COUNTS in out, out
+    receipts = [json.loads(line) for line in (project / "receipts.jsonl").read_text().splitlines()]
+    assert len(receipts) == 5
+    assert held["address"] not in {receipt["address"] for receipt in receipts}
