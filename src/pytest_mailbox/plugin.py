@@ -1432,10 +1432,18 @@ class _HtmlReceipts:
     def __init__(self) -> None:
         self.receipts: dict[str, list[Receipt]] = {}
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        # Runs before pytest-html's own (trylast) logreport, which renders the row.
-        if report.when == "teardown":
-            self.receipts[report.nodeid] = [receipt for _, receipt in _full_receipts_of(report)]
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
+        """pytest-html renders a test's rows in its own logreport of the teardown (trylast),
+        and never again: the receipts are kept for it, and no longer (a run of 2,000 tests
+        kept 2,000 receipts, each a dozen models, to its end)."""
+        if report.when != "teardown":
+            return (yield)
+        self.receipts[report.nodeid] = [receipt for _, receipt in _full_receipts_of(report)]
+        try:
+            return (yield)
+        finally:
+            self.receipts.pop(report.nodeid, None)
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         for receipt in self.receipts.get(report.nodeid, []):
