@@ -702,6 +702,22 @@ def test_code_none_by_default_gives_the_pattern_of_a_code_of_capitals_it_saw() -
     assert message.code(pattern=r"\b([A-Z0-9]{2}-[A-Z0-9]{2}-[A-Z0-9]{2})\b") == "AB-12-CD"
 
 
+def test_code_none_by_default_names_a_number_after_a_hash_that_may_be_the_code() -> None:
+    """The default reads ``#482913`` as an order's number, not a code: a mail that gives
+    its code so was told only to pass a pattern of six capitals. The error names the
+    number, masked, and the pattern that takes it."""
+    message = plain("Your verification code is #482913.")
+    with pytest.raises(ExtractionError) as info:
+        message.code()
+
+    assert str(info.value).endswith(
+        "; a number after # is read as an order's, not a code (#••••13): if it is the "
+        'code, pass pattern=r"#(\\d{6})"'
+    )
+    assert "482913" not in str(info.value)
+    assert message.code(pattern=r"#(\d{6})") == "482913"
+
+
 def test_code_invalid_pattern_is_an_extraction_error() -> None:
     with pytest.raises(ExtractionError, match=re.escape('code(pattern=r"code: (\\d+")')):
         plain("code: 123456").code(pattern=r"code: (\d+")

@@ -272,6 +272,9 @@ _CODES = re.compile(  # each starts with a digit or a capital: the lookahead fai
 #: (``_DASHED_CODE``, ``_MIXED_CODE``), for the pattern ``code()``'s error suggests.
 _LETTER_CODE = re.compile(f"{_DASHED_CODE}|{_MIXED_CODE.pattern}")
 _LETTER_RUN = re.compile(r"[A-Z0-9]+")
+#: Four to eight digits after ``#``, which the default reads as an order's number: named,
+#: masked, by the error of a search that found no code (``Your code is #482913``).
+_HASH_NUMBER = re.compile(r"(?<![\w#])#(\d{4,8})(?![\w])")
 #: Digits in groups of one length joined by a space (any, a no-break or a zero-width one
 #: too: ``483\u202f920`` is how French number formatting groups them; a tab; up to three
 #: of them, as a table or a template aligns them: ``483  920``) or a dash, six to
@@ -2156,7 +2159,16 @@ class Message:
 
     def _letters_hint(self, texts: tuple[str, ...]) -> str:
         """For a default search that found no code: the pattern that takes a code of
-        capitals and digits the texts show (``K7Q-9PX``, masked), or a pattern to write."""
+        capitals and digits the texts show (``K7Q-9PX``, masked), or a pattern to write.
+        First, a number after ``#`` (an order's, as the default reads it) that may be it."""
+        for text in texts:
+            found = _HASH_NUMBER.search(text)
+            if found is not None:
+                return (
+                    f"; a number after # is read as an order's, not a code "
+                    f"(#{_mask(found.group(1))}): if it is the code, pass "
+                    f'pattern=r"#(\\d{{{len(found.group(1))}}})"'
+                )
         for text in texts:
             found = _LETTER_CODE.search(text)
             if found is not None:
