@@ -191,3 +191,37 @@ def test_pytest_json_report_and_reportlog_files_show_no_secret(
     masked_link = "•" * (len(LINK) - 2) + LINK[-2:]  # extracted whole, masked whole
     assert record["msg"] == f"sent {masked_link}"
     assert tests[1]["metadata"]["link"] == masked_link
+
+
+def test_a_connection_refused_to_another_loopback_address_is_told_only_what_helps(
+    pytester: pytest.Pytester,
+) -> None:
+    """The sink listens on 127.0.0.1 only: a connection pytest-socket refused to 127.0.0.2
+    (a service of the test's own) is none of its business, and one refused to ``::1`` (the
+    address ``localhost`` names first on many machines) needs ``::1`` allowed too. The
+    hint told both to allow 127.0.0.1, which the run already allowed."""
+    pytester.makepyfile(
+        """
+        import socket
+
+        import pytest
+
+
+        @pytest.mark.parametrize("host", ["127.0.0.2", "::1"])
+        def test_connect(isolated_mailbox, host):
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.connect((host, 9))
+        """
+    )
+
+    result = pytester.runpytest("--allow-hosts=127.0.0.1", "-n", "0")
+
+    result.assert_outcomes(failed=2)
+    hints = [line for line in result.outlines if line.startswith("pytest-socket blocked")]
+    assert hints == [
+        "pytest-socket blocked a connection of this test, and the mailbox sink listens on "
+        "127.0.0.1: let the test reach it with --allow-hosts=127.0.0.1,::1 (beside "
+        "--disable-socket; add 127.0.0.1,::1 to a list you give) or "
+        "@pytest.mark.allow_hosts(['127.0.0.1', '::1']) on the test"
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import ipaddress
 import os
 import re
 import sys
@@ -823,7 +824,9 @@ def _socket_hint(exc: BaseException | None, host: str) -> str | None:
     """What to allow, if pytest-socket refused this test a socket, or a connection to the
     sink's host: its error, or under ``-W error`` the warning it gives first (``A test
     tried to use socket.socket.``), or an app's error raised from either. None for a
-    connection it refused to another host, which is none of the sink's business."""
+    connection it refused to another host, which is none of the sink's business: another
+    loopback address too (``127.0.0.2``, a service's), unless it is the other address
+    ``localhost`` names (``::1`` beside ``127.0.0.1``), which the hint then names too."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -832,20 +835,39 @@ def _socket_hint(exc: BaseException | None, host: str) -> str | None:
             isinstance(exc, UserWarning) and text.startswith("A test tried to use socket")
         ):
             refused = _REFUSED_HOST.search(text)
-            if (
-                refused
-                and refused[1] != host
-                and not (is_loopback(refused[1]) and is_loopback(host))
-            ):
+            hosts = [host] if refused is None else _sink_hosts(refused[1], host)
+            if not hosts:
                 return None
+            listed = ",".join(hosts)
             return (
                 "pytest-socket blocked a connection of this test, and the mailbox sink listens "
-                f"on {host}: let the test reach it with --allow-hosts={host} (beside "
-                f"--disable-socket; add {host} to a list you give) or "
-                f"@pytest.mark.allow_hosts([{host!r}]) on the test"
+                f"on {host}: let the test reach it with --allow-hosts={listed} (beside "
+                f"--disable-socket; add {listed} to a list you give) or "
+                f"@pytest.mark.allow_hosts({hosts!r}) on the test"
             )
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def _sink_hosts(refused: str, host: str) -> list[str]:
+    """The hosts to allow for a connection pytest-socket refused to ``refused``: the sink's
+    own; the sink's and ``refused`` if the two are the addresses ``localhost`` names (an
+    app given ``localhost`` tries ``::1`` first); none for any other host."""
+    ours, theirs = _ip(host), _ip(refused)
+    if refused == host or (ours is not None and ours == theirs):
+        return [host]
+    if ours is None and is_loopback(host) and is_loopback(refused):
+        return [host]  # a name (localhost): pytest-socket allows all it resolves to
+    if {ours, theirs} == {_ip("127.0.0.1"), _ip("::1")}:
+        return [host, refused]
+    return []
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]"))
+    except ValueError:
+        return None
 
 
 #: The host in pytest-socket's refusal of a connection (``--allow-hosts``).
