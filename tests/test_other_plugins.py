@@ -5,10 +5,15 @@ have tests of their own, beside the feature each touches)."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
+from typing import Any
 
 import pytest
 
-pytest.importorskip("pytest_socket")
+from pytest_mailbox import MailSink, Store
+
+pytest_socket = pytest.importorskip("pytest_socket")
 pytest.importorskip("pytest_jsonreport")
 pytest.importorskip("pytest_reportlog")
 
@@ -225,3 +230,51 @@ def test_a_connection_refused_to_another_loopback_address_is_told_only_what_help
         "--disable-socket; add 127.0.0.1,::1 to a list you give) or "
         "@pytest.mark.allow_hosts(['127.0.0.1', '::1']) on the test"
     ]
+
+
+def test_sinks_starting_in_two_threads_at_once_both_start_under_pytest_socket(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink puts the real socket class back in ``socket.socket`` while it makes its event
+    loop. A second sink that began its own loop in another thread meanwhile saw the real
+    class, swapped nothing, and had the guard put back under it by the first: its
+    loop's self-pipe was refused ("A test tried to use socket.socket."). The two sinks'
+    loops are made in this order, each at the point it waits for: the second begins its
+    self-pipe inside the first's swap and makes it once the first has started."""
+    socketpair = socket.socketpair
+    second_waits, first_started = threading.Event(), threading.Event()
+    calls: list[str] = []
+    failure: list[BaseException] = []
+    second = MailSink(store, domains=["mail.test"])
+
+    def start_second() -> None:
+        try:
+            second.start()
+        except BaseException as exc:  # reported by the test
+            failure.append(exc)
+            second_waits.set()
+
+    def ordered(*args: Any, **kwargs: Any) -> tuple[socket.socket, socket.socket]:
+        if not calls:  # the first sink's self-pipe: the second sink starts meanwhile
+            calls.append("first")
+            thread.start()
+            assert second_waits.wait(60)  # a hang's net, not a timing
+        else:
+            calls.append("second")
+            second_waits.set()
+            assert first_started.wait(60)
+        return socketpair(*args, **kwargs)
+
+    thread = threading.Thread(target=start_second)
+    monkeypatch.setattr(socket, "socketpair", ordered)
+    pytest_socket.disable_socket()
+    try:
+        with MailSink(store, domains=["mail.test"]):
+            first_started.set()
+            thread.join()
+    finally:
+        pytest_socket.enable_socket()
+        second.stop()
+
+    assert failure == []
+    assert calls == ["first", "second"]

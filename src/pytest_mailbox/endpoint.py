@@ -115,16 +115,29 @@ def unguarded_sockets() -> Iterator[None]:
     """``socket.socket`` as the socket module defines it, for the sink's start: asyncio
     makes its event loop's self-pipe with ``socket.socketpair()``, which a guard in its
     place (pytest-socket's) refuses. Any other thread sees the real class for that time:
-    it only loosens a guard, as pytest-socket's own ``enable_socket`` does."""
-    guard = socket.socket
-    if guard is _SOCKET:
-        yield
-        return
-    socket.socket = _SOCKET  # type: ignore[misc]
+    it only loosens a guard, as pytest-socket's own ``enable_socket`` does. Sinks starting
+    in several threads at once share the one swap: the guard is put back when the last
+    of them has its loop, not under another that still makes its own."""
+    global _unguarded, _guard  # noqa: PLW0603 - one swap for the process
+    with _UNGUARD_LOCK:
+        if _unguarded == 0:
+            _guard = socket.socket
+            socket.socket = _SOCKET  # type: ignore[misc]
+        _unguarded += 1
     try:
         yield
     finally:
-        socket.socket = guard  # type: ignore[misc]
+        with _UNGUARD_LOCK:
+            _unguarded -= 1
+            if _unguarded == 0:
+                socket.socket = _guard  # type: ignore[misc]
+                _guard = None
+
+
+_UNGUARD_LOCK = threading.Lock()
+#: How many sinks are making their loop, and what ``socket.socket`` was before the first.
+_unguarded = 0
+_guard: Any = None
 
 
 def address(host: str, port: int | str) -> str:
