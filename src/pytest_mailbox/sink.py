@@ -914,8 +914,12 @@ class MailSink(SmtpEndpoint):
             return self
         sock = self._bind()
         self.port = int(sock.getsockname()[1])
-        with unguarded_sockets():  # pytest-socket's guard: see unguarded_sockets
-            loop = _Loop()
+        try:
+            with unguarded_sockets():  # pytest-socket's guard: see unguarded_sockets
+                loop = _Loop()
+        except BaseException:  # its self-pipe refused (EMFILE): the listener is not left open
+            sock.close()
+            raise
         self._loop = loop
         logging.getLogger(_AIOSMTPD_LOGGER).addFilter(self._log_filter)
         ready = threading.Event()
