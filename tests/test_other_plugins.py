@@ -307,3 +307,31 @@ def test_a_sink_whose_loop_cannot_be_made_leaves_no_listener_open(
 
     [listener] = bound
     assert listener.fileno() == -1  # closed
+
+
+def test_pytest_json_report_shows_no_code_kept_as_a_number(pytester: pytest.Pytester) -> None:
+    """A code kept as a number (``int(code)``) in ``json_metadata`` or a log record's
+    ``extra`` is written as that number: it was in clear in the JSON file, where
+    ``record_property`` with the same value is masked (by its text)."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        import logging
+
+
+        def test_signup(isolated_mailbox, send, json_metadata):
+            send(isolated_mailbox.address)
+            code = int(isolated_mailbox.wait_for().code())
+            json_metadata["code"] = code
+            json_metadata["codes"] = [code, code + 1]
+            logging.getLogger("app").warning("sent", extra={"code": code, "ok": True})
+        """
+    )
+
+    result = pytester.runpytest("-n", "0", "--json-report", "--json-report-file=report.json")
+
+    result.assert_outcomes(passed=1)
+    [test] = json.loads((pytester.path / "report.json").read_text())["tests"]
+    assert test["metadata"] == {"code": "••••13", "codes": ["••••13", 482914]}
+    [record] = [r for r in test["call"]["log"] if r["name"] == "app"]
+    assert (record["code"], record["ok"]) == ("••••13", True)

@@ -1012,7 +1012,27 @@ def _mask_json_report(report: pytest.TestReport) -> None:
     extra = getattr(report, "_json_report_extra", None)
     mask = _masker() if isinstance(extra, dict) and extra else None
     if mask is not None:
-        _masked(extra, mask, set())
+        _masked_json(extra, mask, set())
+
+
+def _masked_json(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
+    """``node``, JSON data, with ``mask`` applied to its text and to its numbers' (a code
+    kept as ``int(code)`` in ``json_metadata`` or a log record's ``extra``, written as
+    the number, as ``record_property``'s value is masked by its text): dicts and lists
+    changed in place, the rest replaced."""
+    if isinstance(node, dict | list) and id(node) not in seen:
+        seen.add(id(node))
+        if isinstance(node, dict):
+            for key, value in node.items():
+                node[key] = _masked_json(value, mask, seen)
+        else:
+            node[:] = [_masked_json(value, mask, seen) for value in node]
+        return node
+    if isinstance(node, tuple):
+        return tuple(_masked_json(part, mask, seen) for part in node)
+    if isinstance(node, int | float) and not isinstance(node, bool):
+        return _masked_value(node, mask)
+    return _masked(node, mask, seen)  # text: as the report's
 
 
 def _own_property(entry: object) -> bool:
@@ -1089,7 +1109,7 @@ def _mask_report(report: pytest.TestReport, mask: Callable[[str], str]) -> None:
 
 
 def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
-    """``node`` with ``mask`` applied to all its text: lists, dicts and repr objects changed in
+    """``node`` with ``mask`` applied to all its text: lists and repr objects changed in
     place (the ``seen`` ones once: a chain's last traceback is also the report's), strings
     and tuples replaced."""
     if isinstance(node, str):
@@ -1099,12 +1119,9 @@ def _masked(node: Any, mask: Callable[[str], str], seen: set[int]) -> Any:
         return "\n".join(_unguided(text.split("\n")))  # the crash message, say
     if isinstance(node, tuple):
         return tuple(_masked(part, mask, seen) for part in node)
-    if isinstance(node, list | dict | TerminalRepr) and id(node) not in seen:
+    if isinstance(node, list | TerminalRepr) and id(node) not in seen:
         seen.add(id(node))
-        if isinstance(node, dict):  # pytest-json-report's: its stages, a log record's fields
-            for key, value in node.items():
-                node[key] = _masked(value, mask, seen)
-        elif isinstance(node, list) and _lines(node):
+        if isinstance(node, list) and _lines(node):
             # Masked together: a diff's header says where the lines after it were cut.
             masked = mask("\n".join(node)).split("\n")
             if len(masked) != len(node):
