@@ -153,7 +153,7 @@ _MONTHS_ABROAD = (
     "|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|januari|februari|maart|mei"
     "|augustus|janeiro|fevereiro|mar\u00e7o|maio|junho|julho|setembro|outubro|dezembro"
 )
-_DATE_IN_WORDS = re.compile(
+_DATE_IN_WORDS = (
     rf"\b(?:(?:{_MONTH_NAMES})\.?(?:[ \u00a0]+\d{{1,2}}(?:st|nd|rd|th)?)?"
     rf"|\d{{1,2}}(?:st|nd|rd|th)?\.?[ \u00a0]+(?:{_MONTH_NAMES})\.?),?[ \u00a0]+\d{{4}}(?!\d)"
     rf"|\b\d{{1,2}}(?:er|\.)?[ \u00a0]+(?:de[ \u00a0]+)?(?i:{_MONTHS_ABROAD}|{_MONTH_NAMES})"
@@ -178,7 +178,7 @@ _STREET_TYPES = (
     "Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Drive|Dr|Lane|Ln|Way|Parkway|Pkwy|Court"
     "|Ct|Place|Pl|Square|Sq|Terrace|Highway|Hwy|Plaza|Circle|Broadway"
 )
-_ADDRESS_NUMBER = re.compile(
+_ADDRESS_NUMBER = (
     r"(?<![\w.,-])\d{1,5}[A-Za-z]?(?:[ \u00a0](?:\d{1,3}(?:st|nd|rd|th)"
     rf"|[A-Z][A-Za-z'-]*\.?)){{1,5}}[ \u00a0]+(?:{_STREET_TYPES})\b(?!-)"
     r"|(?<![\w.,-])\d{1,5}(?:[ \u00a0]?(?:bis|ter))?,?[ \u00a0]+"
@@ -186,13 +186,13 @@ _ADDRESS_NUMBER = re.compile(
     r"|\b(?:Suite|Ste|Unit|Floor|Fl|Apt|P\.?[ \u00a0]?O\.?[ \u00a0]?Box)\.?"
     r"[ \u00a0]*#?\d{1,5}(?!\d)"
     rf"|\b[A-Z][a-z]+,?[ \u00a0]+(?:{_US_STATES})[ \u00a0]+\d{{5}}(?:-\d{{4}})?(?!\d)"
-    r"|,[ \u00a0]*\d{4,5}[ \u00a0]+[A-Z][^\W\d_]+(?=[ \u00a0]*(?:$|[\n,\u00b7|\u2022]))",
-    re.MULTILINE,
+    # Its $ is a line's end: it is read as a part of _NOT_CODES, which is MULTILINE.
+    r"|,[ \u00a0]*\d{4,5}[ \u00a0]+[A-Z][^\W\d_]+(?=[ \u00a0]*(?:$|[\n,\u00b7|\u2022]))"
 )
 #: The last four digits of a payment card, as a receipt shows them (``Visa – 4242``,
 #: ``ending in 4242``, ``•••• 4242``): no code. Not a PIN in Markdown's bold (``**4829**``,
 #: ``** 4829 **``), whose stars close after it, nor after a word's ``xx`` (``Foxx 4829``).
-_CARD_DIGITS = re.compile(
+_CARD_DIGITS = (
     r"(?:\b(?:Visa|VISA|Mastercard|MasterCard|Amex|AMEX|American Express|Discover|JCB|Maestro"
     r"|UnionPay|[Ee]nding in|[Ee]nding)\b|(?<![\w•*\u00b7])[•*xX\u00b7]{2,16})"
     r"[ \u00a0\u2013\u2014:•*\u00b7-]{0,6}\d{4}(?!\d|[ \u00a0]{0,2}\*)"
@@ -202,7 +202,7 @@ _CARD_DIGITS = re.compile(
 #: 0000``, ``030 12345678``; not two groups of three or fewer, as a code in groups is),
 #: with its area code in brackets (``(030) 1234567``), North American (``1 800 555
 #: 0199``), or after a word for one (``Tel.: 1234567``, ``Hotline 0800 1234567``).
-_PHONE_NUMBER = re.compile(
+_PHONE_NUMBER = (
     r"\+\d{1,3}(?:[ \u00a0]?\(0\)[ \u00a0]?\d{1,5})?(?:[ \u00a0.\-/]\d{1,8}){0,5}(?!\d)"
     r"|(?<![\w.,+-])(?<!\d[ \u00a0])0\d{1,4}[ \u00a0/]\d{6,8}(?!\d|[ \u00a0]\d)"
     r"|(?<![\w.,+-])(?<!\d[ \u00a0])0\d{2,4}(?:[ \u00a0]\d{3,4}){2}(?!\d|[ \u00a0]\d)"
@@ -222,7 +222,7 @@ _OWNED = r"".join(
     rf"(?<!{word} )"
     for word in ("[Yy]our", "[Tt]he", "[Tt]his", "[Mm]y", "[Oo]ur", "[Nn]ew", "[Ii]hr", "[Dd]ein")
 )
-_REGISTERED_NUMBER = re.compile(
+_REGISTERED_NUMBER = (
     r"(?<![\w])(?:No\.?|no\.|Nr\.?|nr\.|N[\u00ba\u00b0]\.?|HR[AB]|VAT|ABN|EIN|SIRE[NT]"
     rf"|{_OWNED}(?:[Aa]ccount|[Aa]cct\.?|Konto)|IBAN)"
     r"(?![A-Za-z])[ \u00a0]{0,3}(?::[ \u00a0]{0,3})?(?:#[ \u00a0]{0,3})?"
@@ -232,8 +232,7 @@ _REGISTERED_NUMBER = re.compile(
 )
 #: What ``code()`` takes out of a text besides links, dates and times, in one pass.
 _NOT_CODES = re.compile(
-    f"{_DATE_IN_WORDS.pattern}|{_CARD_DIGITS.pattern}|{_ADDRESS_NUMBER.pattern}"
-    f"|{_PHONE_NUMBER.pattern}|{_REGISTERED_NUMBER.pattern}",
+    f"{_DATE_IN_WORDS}|{_CARD_DIGITS}|{_ADDRESS_NUMBER}|{_PHONE_NUMBER}|{_REGISTERED_NUMBER}",
     re.MULTILINE,
 )
 _DIGIT_RUN = re.compile(r"\d+")
@@ -1395,7 +1394,7 @@ def _is_tracking(url: str) -> bool:
     """``url`` is a click-tracking redirect: on a tracker's host, on Mailgun's
     (``email.<domain>/c/…``), or holding the URL it leads to in its path (SES's
     ``/L0/https:%2F%2F…``)."""
-    host = _host(url).lower().rstrip(".")
+    host = _host(url)
     path = _path(url)
     return (
         _TRACKERS.search(host) is not None
@@ -2238,9 +2237,9 @@ class Message:
             raise ExtractionError(msg, result={"message_id": self.message_id})
         # The default looks outside links only; a pattern of the test's own may aim inside
         # one (pattern=r"code=(\d+)"). Digits glued to a word count if nothing else does.
-        texts = _searched(pattern, (self.body_text, self.subject))
-        if not self.text.strip():  # the body is the HTML's text: searched a block at a time
-            texts = (self._searched_html(pattern), texts[1])
+        html_only = not self.text.strip()  # the body is the HTML's: read a block at a time
+        body = self._searched_html(pattern) if html_only else _searched(pattern, (self.text,))[0]
+        texts = (body, *_searched(pattern, (self.subject,)))
         values = self._code_values(source, pattern, texts, self.text)
         html: tuple[str, ...] = ()
         if not values and self.html.strip() and _is_stub(self.text):
@@ -2255,7 +2254,7 @@ class Message:
             # standing alone or glued to a word: a footer's ``Order 123-456`` or ``100 000
             # points`` is no code beside ``Code482913``.
             values = self._spaced_codes(texts) or self._spaced_codes(html)
-        if not values and pattern is None and (html or not self.text.strip()):
+        if not values and pattern is None and (html or html_only):
             # Last, in the HTML read: an image's alt text, where a code drawn as a picture
             # is written for those who do not see it (``<img alt="843027">``).
             values = self._codes(source, _searched(None, tuple(self._html_scan.alts)), given=False)
