@@ -189,10 +189,16 @@ def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback addresses: reachable from this machine only."""
     if host.strip().lower() == "localhost":
         return True
+    address = ip_of(host)
+    return address is not None and address.is_loopback
+
+
+def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` writes (in brackets or not), or None for a name."""
     try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+        return ipaddress.ip_address(host.strip().strip("[]"))
     except ValueError:
-        return False
+        return None
 
 
 def normalize_domain(domain: str) -> str:

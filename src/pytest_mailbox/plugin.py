@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import ipaddress
 import os
 import re
 import sys
@@ -25,6 +24,7 @@ from pytest_mailbox.endpoint import (
     SmtpEndpoint,
     address,
     check_host,
+    ip_of,
     is_loopback,
 )
 from pytest_mailbox.errors import ExposedSinkWarning, StoreError
@@ -849,25 +849,22 @@ def _socket_hint(exc: BaseException | None, host: str) -> str | None:
     return None
 
 
+#: The two loopback addresses ``localhost`` names, in either order of a pair.
+_LOOPBACKS = {ip_of("127.0.0.1"), ip_of("::1")}
+
+
 def _sink_hosts(refused: str, host: str) -> list[str]:
     """The hosts to allow for a connection pytest-socket refused to ``refused``: the sink's
     own; the sink's and ``refused`` if the two are the addresses ``localhost`` names (an
     app given ``localhost`` tries ``::1`` first); none for any other host."""
-    ours, theirs = _ip(host), _ip(refused)
+    ours, theirs = ip_of(host), ip_of(refused)
     if refused == host or (ours is not None and ours == theirs):
         return [host]
     if ours is None and is_loopback(host) and is_loopback(refused):
         return [host]  # a name (localhost): pytest-socket allows all it resolves to
-    if {ours, theirs} == {_ip("127.0.0.1"), _ip("::1")}:
+    if {ours, theirs} == _LOOPBACKS:
         return [host, refused]
     return []
-
-
-def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]"))
-    except ValueError:
-        return None
 
 
 #: The host in pytest-socket's refusal of a connection (``--allow-hosts``).
