@@ -124,7 +124,7 @@ FORMATS = ("openai", "openai-responses", "anthropic", "mcp")
 #: own; more wait their turn. Not in the event loop's default executor (os.cpu_count() + 4
 #: threads), which also runs the loop's other blocking work (getaddrinfo, an agent
 #: framework's sync tools): waits that held all of it starved the app's sign-up whose mail
-#: they waited for. As many as the MCP server's.
+#: they waited for. The MCP server runs as many.
 ACALL_THREADS = 40
 _T = TypeVar("_T")
 _acall_threads: list[ThreadPoolExecutor] = []  # one, per process: shared by every toolset

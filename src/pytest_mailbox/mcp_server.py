@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from pytest_mailbox.agent import AgentTools
+from pytest_mailbox.agent import ACALL_THREADS, AgentTools
 from pytest_mailbox.errors import StoreError
 from pytest_mailbox.store import Store
 
@@ -49,7 +49,8 @@ __all__ = ["TOOL_CALL_ID_META", "build_server", "main", "serve"]
 
 _MISSING = "the MCP server needs the mcp extra: pip install 'pytest-mailbox[mcp]'"
 #: The most tool calls that run at once, each in a worker thread; more wait their turn.
-_CALL_THREADS = 40
+#: As many as an in-process toolset's ``acall`` runs at once.
+_CALL_THREADS = ACALL_THREADS
 #: The key of a call's ``_meta`` under which a client may name the model's own id for the
 #: call (``call_…``, ``toolu_…``): the evidence then keeps it after the server's, so an
 #: entry can be found in the model's transcript, as an in-process call's can.
