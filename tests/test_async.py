@@ -278,7 +278,7 @@ async def test_asyncio(isolated_mailbox, monkeypatch):
     tools = isolated_mailbox.agent_tools()
     wait = {"fixture_id": isolated_mailbox.mailbox_id, **WAIT}
     holder = asyncio.ensure_future(tools.acall("wait_for_message", wait))
-    await asyncio.sleep(0)  # one turn: the holder's call takes the one thread
+    await asyncio.sleep(0)  # one turn: the holder's call is first in the one thread's queue
     task = asyncio.ensure_future(tools.acall("wait_for_message", wait))
     await asyncio.sleep(0)  # one turn: the task queues its call behind the busy thread
     task.cancel()
