@@ -410,6 +410,13 @@ MAX_NEAR_MISSES = 10
 _OWN_CLAIM = "this toolset holds its claim: ack_message it, once used"
 
 
+def _held_by(*, ours: bool) -> str:
+    """Whose lease holds a message the agent did not claim: never another run's id."""
+    if ours:
+        return "another holder of this run (the test or another toolset) has it leased"
+    return "another holder has it leased"
+
+
 class NearMiss(BaseModel):
     """A message of this mailbox that a wait or claim with a selector passed over, and why:
     ``wait_for``'s near misses, masked as they are. Never its content."""
@@ -1629,14 +1636,9 @@ class AgentTools:
                 continue
             reason = mailbox._content_reason(row, selector)
             if reason is None and row.leased(now):  # whose claim, never another run's id
-                if row.holder != mailbox.run_id:
-                    reason = "another holder has it leased"
-                elif self._got(row.message_id, row.fence):
-                    reason = _OWN_CLAIM
-                else:
-                    reason = (
-                        "another holder of this run (the test or another toolset) has it leased"
-                    )
+                ours = row.holder == mailbox.run_id
+                own = ours and self._got(row.message_id, row.fence)
+                reason = _OWN_CLAIM if own else _held_by(ours=ours)
             if reason is not None:
                 near.append(NearMiss(message_id=row.message_id, reason=reason))
         return near
@@ -1766,11 +1768,7 @@ class AgentTools:
                 ids["fence"] = result.get("fence")
             else:  # the fence is its holder's proof: the test's, another toolset's, another run's
                 left = float(result.get("lease_until") or 0) - self.mailbox.store.clock()
-                reason = (
-                    "another holder of this run (the test or another toolset) has it leased"
-                    if ours
-                    else "another holder has it leased"
-                )
+                reason = _held_by(ours=ours)
                 then = _poll("claim_message", round(left * 1000))
             return self._reply(status, then, reason, **ids)
         if status is Status.FENCE_MISMATCH and isinstance(args, AckMessage):
