@@ -2119,13 +2119,14 @@ class Message:
 
     @cached_property
     def _html_text(self) -> str:
-        """The HTML body as plain text, as ``body_text`` reads it when there is no text part."""
-        return " ".join("".join(self._html_scan.chunks).split())
+        """The HTML body as plain text, as ``body_text`` reads it when there is no text part:
+        its blocks joined by one space (a break between them is a line break, one space)."""
+        return " ".join(self._html_blocks)
 
     @cached_property
     def _html_blocks(self) -> tuple[str, ...]:
-        """The HTML body's text a block at a time (a heading, a paragraph, a cell), each as
-        ``_html_text`` reads it: joined by one space, they are ``_html_text``."""
+        """The HTML body's text a block at a time (a heading, a paragraph, a cell), its
+        whitespace runs each one space: joined by one space, they are ``_html_text``."""
         chunks = self._html_scan.chunks
         blocks, start = [], 0
         for end in (*self._html_scan.breaks, len(chunks)):
