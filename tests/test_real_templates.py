@@ -333,6 +333,54 @@ def test_a_forwarded_message_or_an_attached_file_is_not_read_and_the_error_says_
         msg.code()
 
 
+@pytest.mark.parametrize(
+    ("named", "kind"),
+    [
+        (
+            'Content-Type: text/plain\r\nContent-Disposition: inline; filename="invoice.txt"',
+            "plain",
+        ),
+        ('Content-Type: text/plain; name="invoice.txt"', "plain"),
+        (
+            "Content-Type: text/plain\r\nContent-Disposition: inline; filename*=utf-8''r%C3%A9sum%C3%A9.txt",
+            "plain",
+        ),
+        ('Content-Type: text/html; name="statement.html"', "html"),
+    ],
+    ids=["inline-filename", "content-type-name", "rfc2231-filename", "html-file"],
+)
+def test_a_file_named_but_not_marked_attachment_is_not_read_as_the_body(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, named: str, kind: str
+) -> None:
+    """Apple Mail attaches a text file ``inline`` with its ``filename``, older mailers name
+    it in ``Content-Type`` alone: the email package's ``get_body`` took such a file, after
+    the mail's HTML (or text) body, for the body, and code() and link() answered the file's
+    number and link (``123456``, the billing link) with no error."""
+    own = (
+        f'<p>Your code is <b>482913</b>. <a href="{TOKEN_LINK}">Sign in</a></p>'
+        if kind == "plain"
+        else f"Your code is 482913. Sign in: {TOKEN_LINK}"
+    )
+    file = "Statement 2026-000417, total 123456: https://billing.example.test/s?id=Zq8pL2vXc4Nm7RtQ"
+    body = (
+        'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
+        f"Content-Type: text/{'html' if kind == 'plain' else 'plain'}; charset=utf-8\r\n\r\n"
+        f"{own}\r\n--M\r\n{named}\r\n\r\n{file}\r\n--M--\r\n"
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body.encode())
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert (msg.text if kind == "plain" else msg.html) == ""
+    assert msg.code() == "482913"
+    assert msg.links() == [TOKEN_LINK]
+    assert msg.link() == TOKEN_LINK
+    with pytest.raises(
+        ExtractionError, match=re.escape(f"not read: an attached file (text/{kind})")
+    ):
+        msg.code(pattern=r"total (\d+)")
+
+
 def test_a_code_in_the_html_beside_a_stub_text_part_is_found(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

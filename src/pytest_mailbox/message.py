@@ -1552,21 +1552,36 @@ def _walk(root: EmailMessage, *, into_attached: bool = True) -> Iterator[EmailMe
 
 
 def _find_body(tree: EmailMessage, subtype: str) -> EmailMessage | None:
-    """``get_body((subtype,))``, falling back to the first inline ``text/<subtype>`` part."""
+    """``get_body((subtype,))``, falling back to the first inline ``text/<subtype>`` part;
+    never a file (``_is_file``), which ``get_body`` takes for the body when it is not
+    marked ``attachment``."""
     try:
         found = tree.get_body((subtype,))
     except Exception:  # RecursionError on absurdly deep trees, header parser bugs
         found = None
-    if isinstance(found, EmailMessage):
+    if isinstance(found, EmailMessage) and not _is_file(found, tree):
         return found
     wanted = f"text/{subtype}"
     for part in _walk(tree, into_attached=False):
         try:
-            if part.get_content_type() == wanted and not part.is_attachment():
+            if part.get_content_type() == wanted and not _is_file(part, tree):
                 return part
         except Exception:  # skip parts whose headers cannot be read
             continue
     return None
+
+
+def _is_file(part: EmailMessage, tree: EmailMessage) -> bool:
+    """A part of the mail that is a file attached: marked ``attachment``, or named
+    (``Content-Disposition: inline; filename=…``, as Apple Mail attaches a text file, or
+    only ``Content-Type: …; name=…``, as older mailers do). A mail's own body has no name;
+    the whole mail is its own body, whatever it says."""
+    if part is tree:
+        return False
+    try:
+        return part.is_attachment() or part.get_filename() is not None
+    except Exception:  # a disposition or name that cannot be read: not the body either
+        return True
 
 
 #: A quoted-printable soft line break with white space after its ``=``, which a transport
@@ -1695,7 +1710,7 @@ def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tupl
                 continue
             if kind.startswith("message/"):  # the whole mail, too: a bounce, a forward
                 found[f"an attached message ({kind})"] = None
-            elif part is not tree and kind.startswith("text/") and part.is_attachment():
+            elif kind.startswith("text/") and _is_file(part, tree):
                 found[f"an attached file ({kind})"] = None
         except Exception:  # a part whose headers cannot be read
             continue
