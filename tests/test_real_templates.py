@@ -288,6 +288,34 @@ def test_a_body_whose_base64_does_not_decode_is_read_as_none_and_named_in_the_er
         msg.code()
 
 
+def test_format_flowed_with_delsp_joins_a_link_cut_at_its_soft_line_break(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """RFC 3676: in ``format=flowed`` text a line that ends in a space goes on in the next,
+    and with ``delsp=yes`` (Apple Mail's) that space is not the text's: a long link is cut
+    there with nothing between its halves. link() returned the link cut at the break
+    (``…?token=Zq8xYtK2m``), and ``body_contains`` of the whole link never matched."""
+    body = (
+        b"Content-Type: text/plain; charset=utf-8; format=flowed; delsp=yes\r\n\r\n"
+        b"Sign in with this link:  \r\n"
+        b"https://app.example.test/verify?token=Zq8xYtK2m \r\n"
+        b"P4rT7wQ9sL1  \r\nor enter 482913.\r\n"
+        b"\r\n"
+        b"-- \r\n"
+        b"The App team\r\n"
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body)
+
+    msg = isolated_mailbox.wait_for(body_contains=TOKEN_LINK, timeout=10)
+
+    assert msg.text == (
+        f"Sign in with this link: {TOKEN_LINK} or enter 482913.\n\n-- \nThe App team\n"
+    )
+    assert msg.links() == [TOKEN_LINK]
+    assert msg.link() == TOKEN_LINK
+    assert msg.code() == "482913"
+
+
 FORWARDED = (
     "From: it@app.example.test\r\nSubject: Your sign-in link\r\n"
     f"Content-Type: text/plain\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n"

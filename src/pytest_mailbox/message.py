@@ -1641,7 +1641,39 @@ def _decode_part(part: EmailMessage, flags: set[str]) -> str:
         except Exception:  # LookupError, or a codec that is not a text codec
             flags.add("unknown_charset")
             text = payload.decode("utf-8", "replace")
-    return _SURROGATE.sub("\ufffd", text).replace("\r\n", "\n").replace("\r", "\n")
+    text = _SURROGATE.sub("\ufffd", text).replace("\r\n", "\n").replace("\r", "\n")
+    try:
+        flowed = str(part.get_param("format", "")).lower() == "flowed"
+        delsp = str(part.get_param("delsp", "")).lower() == "yes"
+    except Exception:  # a Content-Type whose parameters cannot be read: as written
+        return text
+    if flowed and part.get_content_type() == "text/plain":
+        return _unflowed(text, delsp=delsp)
+    return text
+
+
+def _unflowed(text: str, *, delsp: bool) -> str:
+    """``format=flowed`` text (RFC 3676) as its reader shows it: a line that ends in a
+    space goes on in the next line of the same quote depth, without that space if
+    ``delsp=yes`` (Apple Mail's: a word, or a link, is cut there with no space in it); the
+    space stuffed before a line is dropped, and the signature line ``-- `` stays whole."""
+    lines: list[str] = []
+    open_depth: int | None = None  # the quote depth of a paragraph still flowing
+    for line in text.split("\n"):
+        body = line.lstrip(">")
+        depth = len(line) - len(body)
+        stuffed = body.startswith(" ")
+        if stuffed:
+            body = body[1:]
+        flows = body.endswith(" ") and body != "-- "
+        if flows and delsp:
+            body = body[:-1]
+        if open_depth == depth:
+            lines[-1] += body
+        else:
+            lines.append(line[:depth] + (" " if depth and stuffed else "") + body)
+        open_depth = depth if flows else None
+    return "\n".join(lines)
 
 
 def _header(name: str, raw: object) -> tuple[str, Any]:
