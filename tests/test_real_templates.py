@@ -316,6 +316,30 @@ def test_format_flowed_with_delsp_joins_a_link_cut_at_its_soft_line_break(
     assert msg.code() == "482913"
 
 
+@pytest.mark.parametrize("opening", ["<", "<URL:"])
+def test_a_link_in_angle_brackets_cut_by_a_line_break_is_one_link(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, opening: str
+) -> None:
+    """RFC 3986 appendix C: a link in ``<…>`` may be wrapped, and the white space of the
+    wrap is not the link's. link() returned the link cut at the line break
+    (``https://app.example.test/verify/``), and code() took the digits that began its
+    second line for a second code."""
+    link = "https://app.example.test/verify/58203917?token=Zq8xYtK2mP4rT7wQ9sL1"
+    body = (
+        "Content-Type: text/plain; charset=utf-8\r\n\r\n"
+        "Your code is 482913, or open\r\n"
+        f"{opening}https://app.example.test/verify/\r\n   58203917?token=Zq8xYtK2mP4rT7wQ9sL1> to\r\n"
+        "sign in.\r\n"
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body.encode())
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.links() == [link]
+    assert msg.link() == link
+    assert msg.code() == "482913"
+
+
 FORWARDED = (
     "From: it@app.example.test\r\nSubject: Your sign-in link\r\n"
     f"Content-Type: text/plain\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n"

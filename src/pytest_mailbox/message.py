@@ -326,6 +326,10 @@ _URL_IN_TEXT = re.compile(
 #: What masking and code() blank: a link as far as it may run (``](`` included): safe.
 _URL_TO_REDACT = re.compile(f"https?://[^{_URL_END}]+", re.IGNORECASE)
 _HTTP_SCHEME = re.compile(r"https?://", re.IGNORECASE)
+#: A link in angle brackets that a line break cuts (RFC 3986, appendix C: the white space
+#: a wrap puts in ``<https://…?\ntoken=…>`` is not the link's), ``<URL:…>`` too.
+_WRAPPED_URL = re.compile(r"<(?:URL:)?(https?://[^<>\s]*(?:[ \t]*\n\s*[^<>\s]+)+)>", re.IGNORECASE)
+_WRAP = re.compile(r"\s+")
 _URL_CONTROL = re.compile(r"[\t\r\n]")
 _ADDRESS = re.compile(r"[^\s<>()\[\]@,;:\"]+@[^\s<>()\[\]@,;:\"]+")
 _TRAILING = ".,;:!?"
@@ -1434,6 +1438,13 @@ def _plain_path(path: str) -> str:
 _PATH_PARAMS = re.compile(r";[^/]*")
 
 
+def _unwrapped(text: str) -> str:
+    """``text`` with each link in angle brackets that a line break cuts made whole."""
+    if "<" not in text:
+        return text
+    return _WRAPPED_URL.sub(lambda m: "<" + _WRAP.sub("", m.group(1)) + ">", text)
+
+
 def _trim_url(url: str) -> str:
     """Drop sentence punctuation and unbalanced closing brackets that trail a URL in prose."""
     while url:
@@ -1755,7 +1766,8 @@ def _searched(pattern: str | None, texts: tuple[str, ...]) -> tuple[str, ...]:
     if pattern is not None:
         return texts
     return tuple(
-        _NOT_CODES.sub(" ", _DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", text))) for text in texts
+        _NOT_CODES.sub(" ", _DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", _unwrapped(text))))
+        for text in texts
     )
 
 
@@ -1984,7 +1996,7 @@ class Message:
         # By the page a browser visits: the text and the HTML part may spell one link's
         # host two ways (``App.Example.Test``, IDNA, its scheme's port written out).
         found: dict[str, str] = {}
-        for match in _URL_IN_TEXT.finditer(self.text):
+        for match in _URL_IN_TEXT.finditer(_unwrapped(self.text)):
             url = _trim_url(match.group())
             if _host(url):
                 found.setdefault(_same_link(url), url)
