@@ -340,6 +340,32 @@ def test_a_link_in_angle_brackets_cut_by_a_line_break_is_one_link(
     assert msg.code() == "482913"
 
 
+def test_a_cleartext_signed_body_is_read_without_its_signature(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """An OpenPGP cleartext signature (RFC 4880 7) is base64 in the text body, after the
+    text it signs: its digits between ``+`` and ``/`` stood alone as codes, and GPGTools'
+    ``Comment:`` link was a second link, so code() and link() refused a mail that shows
+    one of each. The text read is the signed text, dash escapes undone."""
+    body = (
+        "Content-Type: text/plain; charset=utf-8\r\n\r\n"
+        "-----BEGIN PGP SIGNED MESSAGE-----\r\nHash: SHA256\r\n\r\n"
+        f"Sign in: {TOKEN_LINK}\r\nor enter 482913.\r\n- -- \r\nThe App team\r\n"
+        "-----BEGIN PGP SIGNATURE-----\r\n"
+        "Comment: GPGTools - https://gpgtools.example.test\r\n\r\n"
+        "iQEzBAEBCAAdFiEE7n+g/1234567+Xr9wsFcBAABCAAQBQJ/654321+bXq0JhAAoJEN\r\n"
+        "=7731\r\n-----END PGP SIGNATURE-----\r\n"
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body.encode())
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.text == f"Sign in: {TOKEN_LINK}\nor enter 482913.\n-- \nThe App team\n"
+    assert msg.links() == [TOKEN_LINK]
+    assert msg.link() == TOKEN_LINK
+    assert msg.code() == "482913"
+
+
 FORWARDED = (
     "From: it@app.example.test\r\nSubject: Your sign-in link\r\n"
     f"Content-Type: text/plain\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n"

@@ -1658,9 +1658,34 @@ def _decode_part(part: EmailMessage, flags: set[str]) -> str:
         delsp = str(part.get_param("delsp", "")).lower() == "yes"
     except Exception:  # a Content-Type whose parameters cannot be read: as written
         return text
-    if flowed and part.get_content_type() == "text/plain":
-        return _unflowed(text, delsp=delsp)
-    return text
+    if part.get_content_type() != "text/plain":
+        return text
+    if flowed:
+        text = _unflowed(text, delsp=delsp)
+    return _clearsigned(text)
+
+
+_SIGNED_BEGIN = "-----BEGIN PGP SIGNED MESSAGE-----"
+_SIGNATURE_BEGIN = "-----BEGIN PGP SIGNATURE-----"
+_SIGNATURE_END = "-----END PGP SIGNATURE-----"
+
+
+def _clearsigned(text: str) -> str:
+    """An OpenPGP cleartext-signed body (RFC 4880 7) as the text it signs: the armor
+    headers (``Hash: SHA256``) and the signature dropped, ``- `` dash escapes undone. The
+    signature is base64, whose digits between ``+`` and ``/`` read as codes, and its
+    ``Comment:`` may hold a link (GPGTools'). Anything else is left as it is."""
+    if not text.lstrip().startswith(_SIGNED_BEGIN):
+        return text
+    lines = text.lstrip().split("\n")
+    try:
+        start = lines.index("") + 1  # the armor headers end at the first empty line
+        end = next(i for i in range(start, len(lines)) if lines[i].rstrip() == _SIGNATURE_BEGIN)
+        close = next(i for i in range(end, len(lines)) if lines[i].rstrip() == _SIGNATURE_END)
+    except (ValueError, StopIteration):  # not a whole cleartext signature: as written
+        return text
+    signed = [line[2:] if line.startswith("- ") else line for line in lines[start:end]]
+    return "\n".join([*signed, *lines[close + 1 :]])
 
 
 def _unflowed(text: str, *, delsp: bool) -> str:
