@@ -389,15 +389,39 @@ FORWARDED = (
             f"\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n--M--\r\n",
             "an attached file (text/plain)",
         ),
+        (
+            "Content-Type: text/calendar; charset=utf-8; method=REQUEST\r\n\r\n"
+            "BEGIN:VCALENDAR\r\nMETHOD:REQUEST\r\nBEGIN:VEVENT\r\n"
+            f"DESCRIPTION:Join {TOKEN_LINK}\\nPasscode: 482913\r\n"
+            "END:VEVENT\r\nEND:VCALENDAR\r\n",
+            "its text/calendar part",
+        ),
+        (
+            'Content-Type: multipart/report; report-type=delivery-status; boundary="B"\r\n'
+            "\r\n--B\r\nContent-Type: text/plain\r\n\r\nYour message could not be "
+            "delivered.\r\n--B\r\nContent-Type: message/delivery-status\r\n\r\n"
+            "Reporting-MTA: dns; mx.example.test\r\n\r\nFinal-Recipient: rfc822; "
+            "bob@example.test\r\nAction: failed\r\nStatus: 5.1.1\r\n--B\r\n"
+            "Content-Type: text/rfc822-headers\r\n\r\nSubject: Your code 482913\r\n--B--\r\n",
+            "its report (message/delivery-status), its text/rfc822-headers part",
+        ),
     ],
-    ids=["forwarded", "forwarded-alone", "attached-text-named-like-a-link"],
+    ids=[
+        "forwarded",
+        "forwarded-alone",
+        "attached-text-named-like-a-link",
+        "invitation-alone",
+        "bounce-with-headers",
+    ],
 )
 def test_a_forwarded_message_or_an_attached_file_is_not_read_and_the_error_says_so(
     mailbox_server: MailSink, isolated_mailbox: Mailbox, body: str, unread: str
 ) -> None:
     """A link or code in a forwarded message or an attached file is not the mail's own
     (a forwarded mail's link was for someone else): link() and code() said "the message
-    has no http(s) links", which sent a reader looking for the sender's bug."""
+    has no http(s) links", which sent a reader looking for the sender's bug. So they said
+    of an invitation's text/calendar alone, and they called a bounce's report (RFC 3464)
+    "an attached message"."""
     raw = send_raw(mailbox_server, isolated_mailbox.address, body.encode())
 
     msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)

@@ -1762,10 +1762,16 @@ def _parse(raw: bytes) -> _Parsed:
     return _Parsed(entries=entries, text=text, html=html, defects=sorted(flags), unread=unread)
 
 
+#: The text parts ``link()`` and ``code()`` read when they are the body (``_find_body``).
+_BODY_KINDS = frozenset({"text/plain", "text/html"})
+#: The machine-readable part of a ``multipart/report`` (RFC 3464, RFC 8098).
+_REPORTS = frozenset({"message/delivery-status", "message/disposition-notification"})
+
+
 def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tuple[str, ...]:
     """What a mail holds that ``link()`` and ``code()`` do not read: a body whose base64
     does not decode, a message attached (a forward, a bounce's copy), text attached as a
-    file."""
+    file, text of another kind (an invitation's ``text/calendar``, ``text/x-amp-html``)."""
     found: dict[str, None] = {}
     for body in bodies:
         if body is not None and _undecoded(body):
@@ -1776,10 +1782,14 @@ def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tupl
             kind = part.get_content_type()
             if part in bodies:
                 continue
-            if kind.startswith("message/"):  # the whole mail, too: a bounce, a forward
+            if kind in _REPORTS:  # a bounce's or a read receipt's report, not a mail
+                found[f"its report ({kind})"] = None
+            elif kind.startswith("message/"):  # the whole mail, too: a bounce, a forward
                 found[f"an attached message ({kind})"] = None
             elif kind.startswith("text/") and _is_file(part, tree):
                 found[f"an attached file ({kind})"] = None
+            elif kind.startswith("text/") and kind not in _BODY_KINDS:
+                found[f"its {kind} part"] = None  # an invitation's text/calendar, AMP
         except Exception:  # a part whose headers cannot be read
             continue
     return tuple(found)
