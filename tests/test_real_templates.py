@@ -328,7 +328,8 @@ def test_a_link_in_angle_brackets_cut_by_a_line_break_is_one_link(
     body = (
         "Content-Type: text/plain; charset=utf-8\r\n\r\n"
         "Your code is 482913, or open\r\n"
-        f"{opening}https://app.example.test/verify/\r\n   58203917?token=Zq8xYtK2mP4rT7wQ9sL1> to\r\n"
+        f"{opening}https://app.example.test/verify/\r\n"
+        "   58203917?token=Zq8xYtK2mP4rT7wQ9sL1> to\r\n"
         "sign in.\r\n"
     )
     send_raw(mailbox_server, isolated_mailbox.address, body.encode())
@@ -444,7 +445,8 @@ def test_a_forwarded_message_or_an_attached_file_is_not_read_and_the_error_says_
         ),
         ('Content-Type: text/plain; name="invoice.txt"', "plain"),
         (
-            "Content-Type: text/plain\r\nContent-Disposition: inline; filename*=utf-8''r%C3%A9sum%C3%A9.txt",
+            "Content-Type: text/plain\r\n"
+            "Content-Disposition: inline; filename*=utf-8''r%C3%A9sum%C3%A9.txt",
             "plain",
         ),
         ('Content-Type: text/html; name="statement.html"', "html"),
