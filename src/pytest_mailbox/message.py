@@ -851,10 +851,11 @@ class Masker:
             text = self._mask_encoded(text)
         for value in self._present(text):
             text = _mask_value(text, value)
-        if _SOFT_BREAK.search(text):
-            for value in self._present(_SOFT_BREAK.sub("", text)):
-                if _MIN_EXTRACTED <= len(value) <= _MAX_PIECED:
-                    text = _soft_broken(value).sub(_bullets, text)
+        for soft in (_SOFT_BREAK, _WRAP_BREAK):
+            if soft.search(text):
+                for value in self._present(soft.sub("", text)):
+                    if _MIN_EXTRACTED <= len(value) <= _MAX_PIECED:
+                        text = _soft_broken(value, soft).sub(_bullets, text)
         if self.words is not None:
             text = self.words.sub(lambda match: _keep_length(match.group()), text)
         return text
@@ -1018,6 +1019,13 @@ _NEXT_ITEM = rf"['\"],?(?: |\r?\n{_LINE_START})['\"]"
 #: starts the next line where pytest shows the text in a diff or a list.
 _SOFT_BREAK = re.compile(
     rf"=(?:[ \t]|\\t)*(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})"
+)
+#: A line break that a value may be cut at in a raw message with nothing of its own there:
+#: a ``format=flowed; delsp=yes`` soft line break (RFC 3676: a space at a line's end, where
+#: Apple Mail cuts a long link), or the wrap of a link in angle brackets (RFC 3986,
+#: appendix C: ``<https://…?token=Zq8x`` then ``  K2mP…>``), which ``link()`` reads whole.
+_WRAP_BREAK = re.compile(
+    rf"[ \t]*(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})[ \t]*"
 )
 #: What ``_bullets`` keeps of a soft-broken value: its line breaks, lines' starts, quotes.
 _KEPT = re.compile(rf"{_NEXT_ITEM}|\r?\n{_LINE_START}|\r")
@@ -1260,9 +1268,10 @@ def _quoted_printable(value: str) -> str:
 
 
 @lru_cache(maxsize=1024)
-def _soft_broken(value: str) -> re.Pattern[str]:
-    """``value`` with a quoted-printable soft line break allowed between any two characters."""
-    separator = f"(?:{_SOFT_BREAK.pattern})?"
+def _soft_broken(value: str, soft: re.Pattern[str] = _SOFT_BREAK) -> re.Pattern[str]:
+    """``value`` with a soft line break (quoted-printable's, or ``soft``) allowed between
+    any two characters."""
+    separator = f"(?:{soft.pattern})?"
     return re.compile(separator.join(map(re.escape, value)))
 
 
