@@ -367,6 +367,60 @@ def test_a_cleartext_signed_body_is_read_without_its_signature(
     assert msg.code() == "482913"
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "text/plain; charset=us-ascii",
+        "text/plain; charset=utf-8",
+        "text/plain; charset=iso-8859-1",
+    ],
+)
+def test_windows_1252_under_another_label_or_none_is_read_as_windows_1252(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, content_type: str
+) -> None:
+    """A mailer that writes windows-1252 (an em dash is 0x97) under no charset, ``utf-8``
+    or ``iso-8859-1``: the body read 0x97 as U+FFFD or the C1 control U+0097, neither of
+    which ends a link, and link() returned the link with the next word glued to it
+    (``…sL1\ufffdit``), a 404 to open. Bytes that are not UTF-8 are read as
+    windows-1252, as the WHATWG Encoding Standard reads those labels."""
+    text = (
+        f"Open {TOKEN_LINK}\N{EM DASH}it expires soon. Code\N{NO-BREAK SPACE}482913, caf\xe9.\r\n"
+    )
+    body = (
+        f"Content-Type: {content_type}\r\nContent-Transfer-Encoding: 8bit\r\n\r\n".encode()
+        + text.encode("cp1252")
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body)
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.text == text.replace("\r\n", "\n")
+    assert msg.links() == [TOKEN_LINK]
+    assert msg.link() == TOKEN_LINK
+    assert msg.code() == "482913"
+
+
+def test_a_byte_its_charset_has_no_character_for_ends_a_link(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """A byte the declared charset cannot read (0x97 in ISO-2022-JP) is U+FFFD, and a C1
+    control (U+0080 to U+009F) is no character of a link either: link() glued the word
+    after it to the link."""
+    body = (
+        b"Content-Type: text/plain; charset=iso-2022-jp\r\n\r\n"
+        + f"Open {TOKEN_LINK}".encode()
+        + b"\x97it expires soon. Code 482913\r\n"
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body)
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert f"{TOKEN_LINK}\N{REPLACEMENT CHARACTER}it" in msg.text
+    assert msg.links() == [TOKEN_LINK]
+    assert msg.code() == "482913"
+
+
 FORWARDED = (
     "From: it@app.example.test\r\nSubject: Your sign-in link\r\n"
     f"Content-Type: text/plain\r\n\r\nSign in: {TOKEN_LINK}\r\nCode 482913\r\n"

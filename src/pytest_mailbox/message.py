@@ -310,12 +310,13 @@ _FOLD = re.compile(r"(?:\r\n|\n|\r)[ \t]+")
 _LINEBREAKS = re.compile(r"[\r\n]+")
 _ESCAPED_BYTES = re.compile("[\udc80-\udcff]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-#: Where a link in plain text ends: white space, quotes, angle brackets, controls, and the
-#: punctuation of other scripts that prose puts right after a link (guillemets, curly
-#: quotes, the general punctuation block, CJK and full-width punctuation). Letters of any
-#: script stay in (an IRI's path).
+#: Where a link in plain text ends: white space, quotes, angle brackets, controls (C1 too:
+#: windows-1252's ``—`` read as Latin-1 is U+0097) and U+FFFD (a byte its charset has no
+#: character for), and the punctuation of other scripts that prose puts right after a
+#: link (guillemets, curly quotes, the general punctuation block, CJK and full-width
+#: punctuation). Letters of any script stay in (an IRI's path).
 _URL_END = (
-    "\\s<>\"'`\\x00-\\x1f\\x7f\\u00ab\\u00bb\\u2010-\\u2027\\u2030-\\u205e"
+    "\\s<>\"'`\\x00-\\x1f\\x7f-\\x9f\\ufffd\\u00ab\\u00bb\\u2010-\\u2027\\u2030-\\u205e"
     "\\u3000-\\u303f\\uff01-\\uff0f\\uff1a-\\uff20\\uff3b-\\uff40\\uff5b-\\uff65"
 )
 #: A ``](`` ends a link too: markdown's ``[url](url)`` (Laravel's text mail) is two links,
@@ -1650,14 +1651,17 @@ def _decode_part(part: EmailMessage, flags: set[str]) -> str:
     except Exception:
         charset = None
     if charset is None or charset in {"us-ascii", "ascii"}:
-        try:
-            text = payload.decode("utf-8")
-        except UnicodeDecodeError:
-            text = payload.decode("latin-1")
+        text = _utf8_else_1252(payload)
     else:
         charset = email.charset.ALIASES.get(charset, charset)
         try:
-            text = payload.decode(charset, "replace")
+            name = codecs.lookup(charset).name
+            if name == "utf-8":
+                text = _utf8_else_1252(payload)
+            elif name == "iso8859-1":  # read as windows-1252, as browsers read the label
+                text = _as_1252(payload)
+            else:
+                text = payload.decode(charset, "replace")
         except Exception:  # LookupError, or a codec that is not a text codec
             flags.add("unknown_charset")
             text = payload.decode("utf-8", "replace")
@@ -1719,6 +1723,35 @@ def _unflowed(text: str, *, delsp: bool) -> str:
             lines.append(line[:depth] + (" " if depth and stuffed else "") + body)
         open_depth = depth if flows else None
     return "\n".join(lines)
+
+
+def _utf8_else_1252(payload: bytes) -> str:
+    """UTF-8, each byte that is not UTF-8 read as windows-1252 (Latin-1 where that has no
+    character), as a mailer meant it that wrote its ``—`` or ``é`` so under a ``utf-8``
+    label or none: an em dash after a link (0x97) was ``U+FFFD`` or a C1 control, which
+    ``link()`` took for the link's own."""
+    text = payload.decode("utf-8", "surrogateescape")
+    if not _ESCAPED_BYTES.search(text):
+        return text
+    return _ESCAPED_BYTES.sub(lambda run: "".join(map(_char_1252, run.group())), text)
+
+
+def _as_1252(payload: bytes) -> str:
+    """``payload`` as windows-1252, which the WHATWG Encoding Standard reads a Latin-1
+    label as (mailers write cp1252's ``—`` under it); Latin-1 if it has bytes cp1252 has
+    no character for."""
+    try:
+        return payload.decode("cp1252")
+    except UnicodeDecodeError:
+        return payload.decode("latin-1")
+
+
+def _char_1252(escaped: str) -> str:
+    byte = bytes([ord(escaped) - 0xDC00])
+    try:
+        return byte.decode("cp1252")
+    except UnicodeDecodeError:  # 0x81, 0x8D, 0x8F, 0x90, 0x9D: none in windows-1252
+        return byte.decode("latin-1")
 
 
 def _header(name: str, raw: object) -> tuple[str, Any]:
