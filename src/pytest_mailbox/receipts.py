@@ -180,9 +180,28 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         for r in receipts.values()
         if args.test in r.nodeid and args.state in ("", r.state, r.close_reason)
     ]
-    out.write(format_table(chosen) + "\n")
+    out.write(printable(format_table(chosen) + "\n", out))
     if args.timeline:
         for receipt in chosen:
-            out.write("\n" + receipt.timeline() + "\n")
+            out.write(printable("\n" + receipt.timeline() + "\n", out))
     out.write(f"{len(chosen)} receipt(s)\n")
     return 0
+
+
+def printable(text: str, out: object) -> str:
+    """``text`` as the stream ``out`` can write it: a character its encoding lacks as a
+    backslash escape (``verificaci\\xf3n``, ``\\u2022\\u2022\\u2022\\u202213``), as pytest
+    shows one. A stdout in ASCII (``LC_ALL=C`` with ``PYTHONUTF8=0``,
+    ``PYTHONIOENCODING=ascii``) or in a code page (cp1252: Windows', piped) raised
+    ``UnicodeEncodeError`` for a test's id, a selector or a mask."""
+    encoding = getattr(out, "encoding", None)
+    if not isinstance(encoding, str):
+        return text
+    errors = getattr(out, "errors", None)
+    try:
+        text.encode(encoding, errors if isinstance(errors, str) else "strict")
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding (or errors handler) Python does not know: as it is
+        return text
+    return text

@@ -1,0 +1,76 @@
+"""The plugin's output where CI runners and developers run it: a stdout that is not UTF-8
+(an ASCII or a latin-1 one), time zones, terminals of any width and colour, a JUnit XML
+report read by a strict parser."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_plugin import SENDER_CONFTEST
+
+#: A stdout that cannot write every character: what sets it, and how pytest then escapes
+#: "✓" (U+2713, in neither ASCII nor latin-1). Python's locale encoding is ASCII under
+#: the C locale when neither UTF-8 mode nor locale coercion steps in.
+NARROW_STDOUTS: dict[str, dict[str, str | None]] = {
+    "ascii": {"PYTHONIOENCODING": "ascii"},
+    "latin-1": {"PYTHONIOENCODING": "latin-1"},
+    "C locale": {
+        "LC_ALL": "C",
+        "LANG": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONIOENCODING": None,
+    },
+}
+
+#: A test that waits with a selector the timeline shows ("✓" written as an escape, so
+#: that pytest's copy of the source is ASCII) and fails once it holds the message.
+CLAIMS_THEN_FAILS = """
+SUBJECT = "Verify \\u2713 your account"
+
+
+def test_claims_then_fails(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject=SUBJECT)
+    isolated_mailbox.wait_for(subject_contains="\\u2713")
+    assert False, "the app refused the link"
+"""
+
+
+@pytest.fixture(params=list(NARROW_STDOUTS))
+def narrow_stdout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The environment of a run whose stdout cannot write "✓"; its name."""
+    for name, value in NARROW_STDOUTS[request.param].items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    return str(request.param)
+
+
+def test_the_receipts_command_escapes_what_stdout_cannot_show(
+    pytester: pytest.Pytester, narrow_stdout: str
+) -> None:
+    """``python -m pytest_mailbox receipts --timeline`` on a stdout in ASCII or latin-1
+    ended in a UnicodeEncodeError traceback at the first selector, or test id, with "✓"."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(CLAIMS_THEN_FAILS)
+    pytester.runpytest("--mailbox-receipts=r.jsonl", "--junitxml=junit.xml").assert_outcomes(
+        failed=1
+    )
+
+    for name in ("r.jsonl", "junit.xml"):
+        command = [sys.executable, "-m", "pytest_mailbox", "receipts", name, "--timeline"]
+        proc = subprocess.run(
+            command, cwd=pytester.path, capture_output=True, check=False, timeout=60
+        )
+
+        assert proc.stderr == b""
+        assert proc.returncode == 0
+        lines = proc.stdout.decode("ascii").splitlines()
+        assert lines[-1] == "1 receipt(s)"
+        assert (
+            sum(line.endswith("  waiting          subject_contains='\\u2713'") for line in lines)
+            == 1
+        )
