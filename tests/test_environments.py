@@ -49,6 +49,35 @@ def narrow_stdout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     return str(request.param)
 
 
+@pytest.mark.parametrize(
+    ("narrow_stdout", "workers"),
+    [("ascii", "0"), ("ascii", "2"), ("latin-1", "0"), ("C locale", "0")],
+    indirect=["narrow_stdout"],
+)
+def test_a_timeline_keeps_one_event_a_line_on_a_stdout_that_cannot_show_its_characters(
+    pytester: pytest.Pytester, narrow_stdout: str, workers: str
+) -> None:
+    """pytest writes a section in one piece, and all of it escaped if its stream cannot
+    encode one character: the timeline was one line, its line breaks a literal ``\\n``."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(CLAIMS_THEN_FAILS)
+
+    result = pytester.runpytest_subprocess("-p", "no:asyncio", "-n", workers)
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*- mailbox -*",
+            "mailbox mail-*@mailbox.test (mbx-*, run r-*, purpose mail): claimed",
+            "  +*s  reserved * fence *",
+            "  +*s  received *m-*",
+            "  +*s  waiting          subject_contains='\\u2713'",
+            "  +*s  claimed          m-* fence *",
+        ],
+        consecutive=True,
+    )
+
+
 def test_the_receipts_command_escapes_what_stdout_cannot_show(
     pytester: pytest.Pytester, narrow_stdout: str
 ) -> None:

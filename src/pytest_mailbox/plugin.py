@@ -28,7 +28,7 @@ from pytest_mailbox.endpoint import (
     is_loopback,
 )
 from pytest_mailbox.errors import ExposedSinkWarning, StoreError
-from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt
+from pytest_mailbox.receipts import RECEIPT_PROPERTY, parse_receipt, printable
 from pytest_mailbox.settings import OPTIONS, Settings
 from pytest_mailbox.vocabulary import CONTRACT_FIELDS
 
@@ -154,6 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _is_worker(config):
         config.stash[_reported_key] = reported = _Reported()
         config.pluginmanager.register(reported, "mailbox-reported")
+        config.pluginmanager.register(_ShownSections(), "mailbox-shown-sections")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -1460,6 +1461,34 @@ class _Reported:
             + (f" and {more} more" if more > 0 else "")
             + "; give them a longer ttl (email_contract(ttl=...) or mailbox_ttl)"
         )
+
+
+class _ShownSections:
+    """The terminal's mailbox sections, one event a line whatever characters it can show.
+
+    pytest writes a section in one piece and, if its stream cannot encode a character of
+    it (an ASCII stdout: ``LC_ALL=C`` with ``PYTHONUTF8=0``, ``PYTHONIOENCODING=ascii``; a
+    code page such as cp1252), writes the whole piece escaped: a timeline with a selector's
+    ``ó`` or a mask's ``•`` became one line, its line breaks ``\\n``. Here each character
+    the stream lacks is escaped alone instead, before pytest's summaries show the sections
+    and after ``pytest_sessionfinish``, where the files (JUnit XML, pytest-html, the JSON
+    reports) took them as they are."""
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(
+        self, terminalreporter: pytest.TerminalReporter
+    ) -> Generator[None, None, None]:
+        # The stream pytest writes to is its TerminalWriter's (sys.stdout when it began).
+        stream = getattr(getattr(terminalreporter, "_tw", None), "_file", None)
+        for reports in terminalreporter.stats.values():
+            for report in reports:
+                sections = getattr(report, "sections", None)
+                if isinstance(sections, list) and any(s[0] == "mailbox" for s in sections):
+                    report.sections = [
+                        (name, printable(text, stream) if name == "mailbox" else text)
+                        for name, text in sections
+                    ]
+        return (yield)
 
 
 class _HtmlReceipts:
