@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 from test_plugin import SENDER_CONFTEST
+
+from pytest_mailbox.receipts import read_receipts
 
 #: A stdout that cannot write every character: what sets it, and how pytest then escapes
 #: "✓" (U+2713, in neither ASCII nor latin-1). Python's locale encoding is ASCII under
@@ -103,3 +106,36 @@ def test_the_receipts_command_escapes_what_stdout_cannot_show(
             sum(line.endswith("  waiting          subject_contains='\\u2713'") for line in lines)
             == 1
         )
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_subject_with_characters_xml_forbids_reads_back_the_same_from_junit_xml(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """pytest writes DEL, U+FFFE and U+FFFF in a property's value as the text ``#x7F``
+    (XML 1.0 forbids the last two): the receipt read back from JUnit XML had another
+    subject than the JSON Lines file's. They are JSON escapes in the receipt now."""
+    subject = "Verify\x7f now\ufffe or\uffff later \x1b[0m \x0b\x85\u2028 \U0001d4b3"
+    pytester.makepyfile(
+        f"""
+        import base64
+        import smtplib
+
+        SUBJECT = {subject!r}
+
+        def test_odd_subject(isolated_mailbox, mailbox_server):
+            to = isolated_mailbox.address
+            word = base64.b64encode(SUBJECT.encode()).decode()
+            head = f"To: {{to}}\\r\\nSubject: =?utf-8?b?{{word}}?=\\r\\n"
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                smtp.sendmail("app@example.test", [to], (head + "\\r\\nhi\\r\\n").encode())
+            assert isolated_mailbox.wait_for(subject_contains="Verify").subject == SUBJECT
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl")
+    result.assert_outcomes(passed=1)
+
+    ET.parse(pytester.path / "junit.xml")  # well-formed
+    for name in ("junit.xml", "r.jsonl"):
+        (receipt,) = read_receipts(pytester.path / name)
+        assert [m.subject for m in receipt.messages] == [subject]

@@ -1062,6 +1062,13 @@ class Receipt(BaseModel):
         return "\n".join(lines)
 
 
+#: What pytest's JUnit XML writes as the text ``#x7F``, ``#xFFFE`` in a property's value:
+#: DEL, and the characters XML 1.0 forbids that JSON leaves as they are (a subject's).
+_NOT_IN_JUNIT = re.compile("[\x7f\ud800-\udfff\ufffe\uffff]")
+
+
 def dump_receipt(receipt: Receipt) -> str:
-    """Compact JSON for a JUnit property or a JSON Lines file."""
-    return receipt.model_dump_json(exclude_none=True)
+    """Compact JSON for a JUnit property or a JSON Lines file; a character JUnit XML would
+    change is a JSON escape (only a string holds one), so both files read back the same."""
+    text = receipt.model_dump_json(exclude_none=True)
+    return _NOT_IN_JUNIT.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
