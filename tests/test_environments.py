@@ -139,3 +139,26 @@ def test_a_subject_with_characters_xml_forbids_reads_back_the_same_from_junit_xm
     for name in ("junit.xml", "r.jsonl"):
         (receipt,) = read_receipts(pytester.path / name)
         assert [m.subject for m in receipt.messages] == [subject]
+
+
+def test_the_receipts_table_keeps_its_columns_when_a_test_id_is_escaped(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell is measured as it is printed: ``test_\\u03bb`` is 5 characters longer than
+    ``test_λ``, and pushed the rest of its row out of its columns."""
+    pytester.makepyfile(
+        "def test_\u03bb(isolated_mailbox):\n    pass\n\n"
+        "def test_plain(isolated_mailbox):\n    pass\n"
+    )
+    pytester.runpytest("--mailbox-receipts=r.jsonl").assert_outcomes(passed=2)
+    monkeypatch.setenv("PYTHONIOENCODING", "ascii")
+
+    command = [sys.executable, "-m", "pytest_mailbox", "receipts", "r.jsonl"]
+    proc = subprocess.run(command, cwd=pytester.path, capture_output=True, check=True, timeout=60)
+
+    header, rule, *rows, total = proc.stdout.decode("ascii").splitlines()
+    assert total == "2 receipt(s)"
+    assert any("::test_\\u03bb " in row for row in rows)
+    starts = [header.index("run_id"), rule.index(" -") + 1]
+    assert all(row.index("  r-") + 2 == starts[0] for row in rows)
+    assert starts[0] == starts[1]

@@ -6,7 +6,7 @@ import argparse
 import stat
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -79,23 +79,25 @@ def read_receipts(path: str | Path) -> list[Receipt]:
     return receipts
 
 
-def format_table(receipts: Iterable[Receipt]) -> str:
-    """One row per run: test, address, state and close reason, messages received/consumed."""
+def format_table(receipts: Iterable[Receipt], shown: Callable[[str], str] | None = None) -> str:
+    """One row per run: test, address, state and close reason, messages received/consumed.
+
+    ``shown`` gives a cell as it will be printed (escaped for a stdout's encoding): the
+    columns are as wide as what is printed."""
     header = ("test", "run_id", "address", "state", "close_reason", "msgs", "consumed")
-    rows = [header]
+    rows: list[Sequence[str]] = [header]
     for r in receipts:
         consumed = sum(1 for m in r.messages if m.state == "consumed")
-        rows.append(
-            (
-                r.nodeid,
-                r.run_id,
-                r.address,
-                r.state,
-                r.close_reason or "-",
-                str(len(r.messages)),
-                str(consumed),
-            )
+        row = (
+            r.nodeid,
+            r.run_id,
+            r.address,
+            r.state,
+            r.close_reason or "-",
+            str(len(r.messages)),
+            str(consumed),
         )
+        rows.append(row if shown is None else [shown(cell) for cell in row])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -180,7 +182,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         for r in receipts.values()
         if args.test in r.nodeid and args.state in ("", r.state, r.close_reason)
     ]
-    out.write(printable(format_table(chosen) + "\n", out))
+    out.write(format_table(chosen, shown=lambda cell: printable(cell, out)) + "\n")
     if args.timeline:
         for receipt in chosen:
             out.write(printable("\n" + receipt.timeline() + "\n", out))
