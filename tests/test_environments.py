@@ -162,3 +162,40 @@ def test_the_receipts_table_keeps_its_columns_when_a_test_id_is_escaped(
     starts = [header.index("run_id"), rule.index(" -") + 1]
     assert all(row.index("  r-") + 2 == starts[0] for row in rows)
     assert starts[0] == starts[1]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_run_that_makes_default_encodings_warn_gets_no_warning_from_the_plugins_searches(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: str
+) -> None:
+    """``PYTHONWARNDEFAULTENCODING=1`` (PEP 597, for a CI that hunts ``open()`` without an
+    encoding) makes ``locale.getpreferredencoding()`` warn, and the regex package the
+    plugin's searches run on calls it for each new pattern: under ``-W error`` a test's
+    ``code()`` or ``subject_regex`` failed with an EncodingWarning about the plugin's
+    own dependency. A test's own default encoding still warns."""
+    monkeypatch.setenv("PYTHONWARNDEFAULTENCODING", "1")
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        """
+        import locale
+
+        import pytest
+
+
+        def test_code_and_pattern(isolated_mailbox, send):
+            send(isolated_mailbox.address, body="Your code is 482913.")
+            msg = isolated_mailbox.wait_for(subject_regex=r"^Verify\\b")
+            assert msg.code() == "482913"
+            assert msg.code(pattern=r"code is (\\d{6})") == "482913"
+            msg.ack()
+
+
+        def test_own_default_encoding_still_warns():
+            with pytest.warns(EncodingWarning):
+                locale.getpreferredencoding(False)
+        """
+    )
+
+    result = pytester.runpytest_subprocess("-p", "no:asyncio", "-n", workers, "-W", "error")
+
+    result.assert_outcomes(passed=2)

@@ -3,13 +3,15 @@ statuses live in ``vocabulary`` and are re-exported here)."""
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import functools
 import math
 import numbers
 import re
 import sys
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
@@ -394,23 +396,41 @@ class SlowSearch(Exception):
     """A pattern's search on one text ran past ``SEARCH_LIMIT`` and was stopped."""
 
 
+@contextlib.contextmanager
+def _regex_quietly() -> Iterator[None]:
+    """Where ``regex`` is imported or compiles a pattern: it asks
+    ``locale.getpreferredencoding()`` for each new pattern (one at its import), which
+    warns (``EncodingWarning``) under ``PYTHONWARNDEFAULTENCODING=1``: an error under
+    ``-W error``, in the test that searched. That warning is the dependency's, not the
+    test's, and is ignored here, in that mode only (``catch_warnings`` changes the
+    process's filters while it lasts)."""
+    if not sys.flags.warn_default_encoding:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=EncodingWarning, module=r"regex\._main")
+        yield
+
+
 def regex_finditer(pattern: str, text: str) -> list[Any]:
     """The matches of ``pattern`` (valid, checked by ``_regex_problem``) in ``text``:
     ``re``'s semantics, stopped after ``SEARCH_LIMIT`` seconds (``SlowSearch``)."""
-    import regex  # noqa: PLC0415 - 27 ms, paid by the first search, not by every start-up
-
     try:
-        return list(regex.finditer(pattern, text, timeout=SEARCH_LIMIT))
+        with _regex_quietly():
+            import regex  # noqa: PLC0415 - 27 ms, paid by the first search, not every start-up
+
+            return list(regex.finditer(pattern, text, timeout=SEARCH_LIMIT))
     except TimeoutError:
         raise SlowSearch(pattern) from None
 
 
 def regex_search(pattern: str, text: str) -> bool:
     """``re.search(pattern, text)`` found something; stopped after ``SEARCH_LIMIT`` s."""
-    import regex  # noqa: PLC0415
-
     try:
-        return regex.search(pattern, text, timeout=SEARCH_LIMIT) is not None
+        with _regex_quietly():
+            import regex  # noqa: PLC0415
+
+            return regex.search(pattern, text, timeout=SEARCH_LIMIT) is not None
     except TimeoutError:
         raise SlowSearch(pattern) from None
 
@@ -430,8 +450,6 @@ def slow_search_text(what: str, pattern: str, size: int) -> str:
 def _regex_problem(value: str) -> str | None:
     """Why a selector pattern is refused, or None; once per pattern (a test may wait with
     the same one many times)."""
-    import regex  # noqa: PLC0415 - the searches run on it
-
     posix = _posix_class_in_set(value)  # first: re warns of it, an error under -W error
     if posix is not None:
         return (
@@ -441,7 +459,10 @@ def _regex_problem(value: str) -> str | None:
         )
     try:
         re.compile(value)
-        regex.compile(value)
+        with _regex_quietly():
+            import regex  # noqa: PLC0415 - the searches run on it
+
+            regex.compile(value)
     except Exception as exc:  # re.error, regex.error, OverflowError, RecursionError
         return f"not a valid regular expression ({exc})"
     parsed = _sre_parse.parse(value)
