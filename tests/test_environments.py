@@ -199,3 +199,34 @@ def test_a_run_that_makes_default_encodings_warn_gets_no_warning_from_the_plugin
     result = pytester.runpytest_subprocess("-p", "no:asyncio", "-n", workers, "-W", "error")
 
     result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("narrow_stdout", ["C locale"], indirect=True)
+def test_a_test_in_a_folder_whose_name_the_locale_cannot_decode_gets_its_mailbox(
+    pytester: pytest.Pytester, narrow_stdout: str
+) -> None:
+    """Python decodes a path it cannot read in the locale's encoding with surrogates
+    (``café`` under ``LC_ALL=C`` without UTF-8 mode is ``caf\\udcc3\\udca9``), and pytest's
+    node id keeps them: SQLite and JSON take none, and the test errored at setup with
+    ``UnicodeEncodeError: ... surrogates not allowed``. Its receipt names it ``café``."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(
+        **{
+            "caf\u00e9/test_mail": """
+            def test_it(isolated_mailbox, send):
+                send(isolated_mailbox.address)
+                isolated_mailbox.wait_for(subject_contains="Verify").ack()
+            """
+        }
+    )
+
+    # pytest's own cache and JUnit XML fail on such an id at the run's end (they write it
+    # as UTF-8 too): left out here.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:asyncio", "-p", "no:cacheprovider", "--mailbox-receipts=r.jsonl"
+    )
+
+    result.assert_outcomes(passed=1)
+    (receipt,) = read_receipts(pytester.path / "r.jsonl")
+    assert receipt.nodeid == "caf\u00e9/test_mail.py::test_it"
+    assert receipt.close_reason == "released_success"

@@ -540,7 +540,7 @@ class _Fixtures:
             mailbox_store,
             contract=email_contract,
             domain=config.stash[_settings_key].domain,
-            nodeid=item.nodeid,
+            nodeid=_stored_id(item.nodeid),
             signal=config.stash[_signal_key],
             ttl_max=config.stash[_settings_key].ttl_max,
         )
@@ -558,6 +558,21 @@ class _Fixtures:
         item.stash.setdefault(_attached_key, []).append(attached)
         item.stash.setdefault(_closed_key, []).append((mailbox, attached))
         opened.remove(mailbox)
+
+
+def _stored_id(nodeid: str) -> str:
+    """A test's node id as SQLite and JSON take it. pytest builds it from the test's path,
+    which Python decodes with surrogates where a name is not in the file system's encoding
+    (``café`` under ``LC_ALL=C`` without UTF-8 mode is ``caf\\udcc3\\udca9``), and neither
+    takes a lone surrogate: the name's bytes are read as UTF-8 (``café``), escaped if not."""
+    try:
+        nodeid.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return nodeid.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate no decoding makes
+            return nodeid.encode("utf-8", "backslashreplace").decode("utf-8")
+    return nodeid
 
 
 @pytest.hookimpl(tryfirst=True)
