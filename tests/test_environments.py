@@ -4,6 +4,7 @@ report read by a strict parser."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -230,3 +231,35 @@ def test_a_test_in_a_folder_whose_name_the_locale_cannot_decode_gets_its_mailbox
     (receipt,) = read_receipts(pytester.path / "r.jsonl")
     assert receipt.nodeid == "caf\u00e9/test_mail.py::test_it"
     assert receipt.close_reason == "released_success"
+
+
+def test_the_receipts_command_stops_quietly_when_its_reader_stops_reading(
+    pytester: pytest.Pytester,
+) -> None:
+    """``python -m pytest_mailbox receipts FILE --timeline | head`` in a CI step: once
+    ``head`` has its lines and closes the pipe, the command printed a BrokenPipeError
+    traceback (and another as Python flushed stdout at exit) over the step's log. It
+    stops as Python's own documentation says a command should: no traceback, status 1.
+    (The pipe's reader is closed before the command starts, so that its first write fails.)
+    """
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(CLAIMS_THEN_FAILS)
+    pytester.runpytest("--mailbox-receipts=r.jsonl").assert_outcomes(failed=1)
+    read, write = os.pipe()
+    os.close(read)
+
+    command = [sys.executable, "-m", "pytest_mailbox", "receipts", "r.jsonl", "--timeline"]
+    try:
+        proc = subprocess.run(
+            command,
+            cwd=pytester.path,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+
+    assert proc.stderr == b""
+    assert proc.returncode == 1
