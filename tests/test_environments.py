@@ -30,14 +30,17 @@ NARROW_STDOUTS: dict[str, dict[str, str | None]] = {
 }
 
 #: A test that waits with a selector the timeline shows ("✓" written as an escape, so
-#: that pytest's copy of the source is ASCII) and fails once it holds the message.
+#: that pytest's copy of the source is ASCII), prints the link (masked: "…", "•"), and
+#: fails once it holds the message.
 CLAIMS_THEN_FAILS = """
 SUBJECT = "Verify \\u2713 your account"
 
 
 def test_claims_then_fails(isolated_mailbox, send):
     send(isolated_mailbox.address, subject=SUBJECT)
-    isolated_mailbox.wait_for(subject_contains="\\u2713")
+    msg = isolated_mailbox.wait_for(subject_contains="\\u2713")
+    print("opening", msg.link())
+    print("and that was all")
     assert False, "the app refused the link"
 """
 
@@ -62,7 +65,8 @@ def test_a_timeline_keeps_one_event_a_line_on_a_stdout_that_cannot_show_its_char
     pytester: pytest.Pytester, narrow_stdout: str, workers: str
 ) -> None:
     """pytest writes a section in one piece, and all of it escaped if its stream cannot
-    encode one character: the timeline was one line, its line breaks a literal ``\\n``."""
+    encode one character: the timeline was one line, its line breaks a literal ``\\n``,
+    and so was the test's own output once the plugin's mask was in it."""
     pytester.makeconftest(SENDER_CONFTEST)
     pytester.makepyfile(CLAIMS_THEN_FAILS)
 
@@ -80,6 +84,11 @@ def test_a_timeline_keeps_one_event_a_line_on_a_stdout_that_cannot_show_its_char
         ],
         consecutive=True,
     )
+    # The test's own output, ASCII but for the mask of the link it printed: one section.
+    result.stdout.fnmatch_lines(
+        ["*- Captured stdout call -*", "opening *", "and that was all"], consecutive=True
+    )
+    assert "s3cr3t" not in result.stdout.str()
 
 
 def test_the_receipts_command_escapes_what_stdout_cannot_show(

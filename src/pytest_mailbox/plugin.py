@@ -1479,15 +1479,15 @@ class _Reported:
 
 
 class _ShownSections:
-    """The terminal's mailbox sections, one event a line whatever characters it can show.
+    """The terminal's report sections, a line a line whatever characters it can show.
 
     pytest writes a section in one piece and, if its stream cannot encode a character of
     it (an ASCII stdout: ``LC_ALL=C`` with ``PYTHONUTF8=0``, ``PYTHONIOENCODING=ascii``; a
     code page such as cp1252), writes the whole piece escaped: a timeline with a selector's
-    ``ó`` or a mask's ``•`` became one line, its line breaks ``\\n``. Here each character
-    the stream lacks is escaped alone instead, before pytest's summaries show the sections
-    and after ``pytest_sessionfinish``, where the files (JUnit XML, pytest-html, the JSON
-    reports) took them as they are."""
+    ``ó``, or a test's ASCII output once the mask's ``•`` was in it, became one line, its
+    line breaks ``\\n``. Here each character the stream lacks is escaped alone instead,
+    before pytest's summaries show the sections and after ``pytest_sessionfinish``, where
+    the files (JUnit XML, pytest-html, the JSON reports) took them as they are."""
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_terminal_summary(
@@ -1498,9 +1498,9 @@ class _ShownSections:
         for reports in terminalreporter.stats.values():
             for report in reports:
                 sections = getattr(report, "sections", None)
-                if isinstance(sections, list) and any(s[0] == "mailbox" for s in sections):
+                if isinstance(sections, list) and sections:
                     report.sections = [
-                        (name, printable(text, stream) if name == "mailbox" else text)
+                        (name, printable(text, stream) if isinstance(text, str) else text)
                         for name, text in sections
                     ]
         return (yield)
