@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import html
 import os
 import re
@@ -1495,6 +1496,8 @@ class _ShownSections:
     ) -> Generator[None, None, None]:
         # The stream pytest writes to is its TerminalWriter's (sys.stdout when it began).
         stream = getattr(getattr(terminalreporter, "_tw", None), "_file", None)
+        if _writes_all(stream):  # UTF-8, as most are: nothing to look at
+            return (yield)
         for reports in terminalreporter.stats.values():
             for report in reports:
                 sections = getattr(report, "sections", None)
@@ -1504,6 +1507,17 @@ class _ShownSections:
                         for name, text in sections
                     ]
         return (yield)
+
+
+def _writes_all(stream: object) -> bool:
+    """``stream`` encodes every character (UTF-8, -16, -32), or is no text stream."""
+    encoding = getattr(stream, "encoding", None)
+    if not isinstance(encoding, str):
+        return True
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return True
 
 
 class _HtmlReceipts:
