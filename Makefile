@@ -19,7 +19,7 @@ NEWEST_PYTHON := $(shell bash .ci/python-of 3.14 3.13 3.12)
 MIN_VENV := .venv-min
 MIN_STAMP := $(MIN_VENV)/.installed
 MIN_TESTS := examples tests/test_plugin.py tests/test_xdist.py tests/test_misuse.py \
-	tests/test_frozen_time.py
+	tests/test_frozen_time.py tests/test_packaging.py
 
 # The newest releases of everything, on the newest Python: Django 6.1, for one, needs 3.12.
 NEW_VENV := .venv-newest
@@ -72,7 +72,8 @@ $(MIN_STAMP): pyproject.toml .ci/min-versions.txt
 	$(LOWEST_PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(MIN_VENV)/bin/python -m pip install --quiet -c .ci/min-versions.txt -e . \
-		pytest-xdist pytest-html aiosmtplib hypothesis freezegun pytest-freezer time-machine
+		pytest-xdist pytest-html aiosmtplib hypothesis freezegun pytest-freezer time-machine \
+		hatchling
 	touch $@
 
 # The plugin's tests through pytester, and the example suite, on those lowest versions.
