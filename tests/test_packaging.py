@@ -9,6 +9,8 @@ from a directory outside the checkout.
 from __future__ import annotations
 
 import configparser
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,6 +31,31 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "pytest_mailbox"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 HANG_NET = 120  # seconds: only for a build or a run that never ends
+#: What the sdist holds at its top: pyproject.toml's [tool.hatch.build.targets.sdist]
+#: include, .gitignore (hatchling always adds it) and PKG-INFO.
+SDIST_TOP = {
+    ".ci",
+    ".gitignore",
+    "CHANGELOG.md",
+    "LICENSE",
+    "Makefile",
+    "PKG-INFO",
+    "README.md",
+    "benchmarks",
+    "conftest.py",
+    "docs",
+    "examples",
+    "mkdocs.yml",
+    "pyproject.toml",
+    "src",
+    "tests",
+}
+#: Names a checkout holds that no distribution may.
+JUNK = re.compile(
+    r"(^|/)(__pycache__|\.venv[^/]*|\.node|node_modules|\.pytest_cache|\.mypy_cache|"
+    r"\.ruff_cache|\.hypothesis|\.coverage[^/]*|htmlcov|\.demo|build|dist|[^/]*\.egg-info|"
+    r"[^/]*\.pyc)(/|$)"
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +137,39 @@ def test_the_wheels_metadata_is_what_pypi_accepts_and_pyproject_says(dists: Dist
     assert {"Framework :: Pytest", "Typing :: Typed"} <= set(meta.classifiers or [])
     assert meta.description_content_type == "text/markdown"
     assert meta.description == (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_sdist_holds_the_sources_tests_and_docs_and_no_junk(dists: Dists) -> None:
+    files = sdist_files(dists.sdist)
+    assert {name.split("/", 1)[0] for name in files} == SDIST_TOP
+    package = {name for name in wheel_files(dists.wheel) if name.startswith("pytest_mailbox/")}
+    assert {f"src/{name}" for name in package} <= set(files)
+    assert {"tests/conftest.py", "docs/index.md", "docs/examples/test_quickstart.py"} <= set(files)
+    assert [name for name in files if JUNK.search(name)] == []
+
+
+def test_the_sdist_leaves_out_what_a_run_left_at_the_top_of_the_checkout(
+    tmp_path: Path,
+) -> None:
+    """A report or a receipts file written at the top of a checkout is in no .gitignore:
+    while the sdist took every file git does not ignore, it shipped them."""
+    project = tmp_path / "project"
+    shutil.copytree(
+        SRC, project / "src" / "pytest_mailbox", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, project / name)
+    for stray in ("junit.xml", "receipts.jsonl", "report.html", "notes/todo.txt"):
+        (project / stray).parent.mkdir(exist_ok=True)
+        (project / stray).write_text("left by a run\n")
+    (sdist,) = build(project, tmp_path / "out", "sdist")
+    assert {name.split("/", 1)[0] for name in sdist_files(sdist)} == {
+        "src",
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "PKG-INFO",
+    }
 
 
 def test_a_wheel_built_from_the_sdist_is_the_wheel(dists: Dists, tmp_path: Path) -> None:
