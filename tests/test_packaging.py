@@ -139,6 +139,21 @@ def test_the_wheels_metadata_is_what_pypi_accepts_and_pyproject_says(dists: Dist
     assert meta.description == (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+#: A link's target in Markdown (inline or reference) or in HTML.
+LINK = re.compile(
+    r"\]\(\s*<?([^)\s>]+)|^\s*\[[^\]]+\]:\s*<?(\S+?)>?\s*$|\b(?:href|src)=[\"']([^\"']+)",
+    re.MULTILINE,
+)
+
+
+def test_every_link_of_the_readme_works_on_pypi() -> None:
+    """The README is the project's page on PyPI, which resolves a relative link against
+    its own address (pypi.org/project/pytest-mailbox/docs/…): every one is a 404 there."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [next(group for group in found if group) for found in LINK.findall(readme)]
+    assert [target for target in targets if not target.startswith("https://")] == []
+
+
 def test_the_sdist_holds_the_sources_tests_and_docs_and_no_junk(dists: Dists) -> None:
     files = sdist_files(dists.sdist)
     assert {name.split("/", 1)[0] for name in files} == SDIST_TOP
