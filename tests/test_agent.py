@@ -12,6 +12,7 @@ import array
 import asyncio
 import email.policy
 import fcntl
+import importlib.metadata
 import json
 import logging
 import os
@@ -3075,6 +3076,17 @@ def _piped(
     )
     assert done.returncode == 0, done.stderr.decode()
     return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_mcp_server_tells_its_client_which_release_it_is(isolated_mailbox: Mailbox) -> None:
+    """``serverInfo``, which a client shows and logs, had an empty version: the SDK puts
+    none of its own in for a server that names none."""
+    (hello,) = _piped(isolated_mailbox.agent_tools(), [])
+    assert hello["result"]["serverInfo"] == {
+        "name": "pytest-mailbox",
+        "title": "pytest-mailbox agent tools",
+        "version": importlib.metadata.version("pytest-mailbox"),
+    }
 
 
 @SIGNUP

@@ -15,6 +15,7 @@ way (exit status 128 + the signal's number), and so does a client that stops rea
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import io
 import json
 import os
@@ -117,6 +118,7 @@ def _build_server(tools: AgentTools, cancelled: Callable[[object], threading.Eve
 
     return Server(
         "pytest-mailbox",
+        version=_release(),
         title="pytest-mailbox agent tools",
         instructions=(
             "Mailbox tools for one test run. Answers never contain a message body, link "
@@ -125,6 +127,15 @@ def _build_server(tools: AgentTools, cancelled: Callable[[object], threading.Eve
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+def _release() -> str:
+    """The installed pytest-mailbox's version, for the ``serverInfo`` a client shows (the
+    SDK puts in none of its own); "" from a source tree that was never installed."""
+    try:
+        return importlib.metadata.version("pytest-mailbox")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - never installed
+        return ""
 
 
 def _model_s(meta: object) -> str:
