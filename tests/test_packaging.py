@@ -246,3 +246,14 @@ def test_the_wheels_files_alone_run_the_quickstart_outside_the_checkout(
     )
     assert receipts.ret == 0, receipts.stderr.str()
     receipts.stdout.fnmatch_lines(["test_quickstart.py::test_signup *released_success*"])
+
+
+def test_the_readmes_quick_start_is_make_demo_and_make_test() -> None:
+    """The README's quick start is two commands on a fresh machine, and comes first:
+    a README rewritten for PyPI had moved them under a later heading."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", readme, flags=re.MULTILINE)
+    assert headings[0] == "Quick start"
+    section = readme.split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^```console\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    assert [block.splitlines() for block in commands] == [["make demo", "make test"]]
