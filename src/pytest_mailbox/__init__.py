@@ -1,4 +1,9 @@
-"""pytest-mailbox: a real, isolated SMTP mailbox for every test."""
+"""pytest-mailbox: a real, isolated SMTP mailbox for every test.
+
+PYTEST_DONT_REWRITE: pytest marks an installed plugin's package for assertion rewriting,
+and warns (an error under ``-W error``) at each ``pytest.main`` of a process that imported
+it before; its asserts are no test's.
+"""
 
 from __future__ import annotations
 

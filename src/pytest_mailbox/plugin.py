@@ -1,4 +1,7 @@
-"""pytest wiring only: options, the marker, fixtures and receipts in reports."""
+"""pytest wiring only: options, the marker, fixtures and receipts in reports.
+
+PYTEST_DONT_REWRITE, as the package says (a conftest's ``pytest_plugins`` names this module).
+"""
 
 from __future__ import annotations
 
