@@ -76,3 +76,47 @@ for _ in range(2):
     )
     assert out.count("exit 0") == 2, out
     assert "PytestAssertRewriteWarning" not in out
+
+
+@pytest.mark.parametrize(
+    ("conftest", "args"),
+    [
+        ('pytest_plugins = ["pytest_mailbox.plugin"]', ()),
+        ("", ("-p", "pytest_mailbox.plugin")),
+        ("", ("-p", "mailbox")),
+        ('pytest_plugins = ["pytest_mailbox.plugin"]', ("-p", "mailbox")),
+    ],
+    ids=["conftest", "-p module", "-p mailbox", "conftest and -p mailbox"],
+)
+@pytest.mark.parametrize("autoload", [True, False], ids=["autoload", "no autoload"])
+def test_the_plugin_named_beside_its_entry_point_is_loaded_once(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    conftest: str,
+    args: tuple[str, ...],
+    autoload: bool,
+) -> None:
+    """Naming the plugin, as a project does for runs with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``
+    (many CI setups), in a conftest or with ``-p``, while its entry point loads it too: the
+    run was an INTERNALERROR, ``ValueError: Plugin already registered under a different
+    name`` (the module was both ``mailbox`` and ``pytest_mailbox.plugin``)."""
+    if not autoload:
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    if conftest:
+        pytester.makeconftest(conftest)
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=1)
+    assert "already registered" not in result.stdout.str() + result.stderr.str()
+
+
+def test_without_autoload_and_unnamed_the_plugin_is_off(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` loads no entry point: ``-p mailbox`` (or the
+    conftest line) is what turns it on, as the docs say."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'isolated_mailbox' not found*"])
