@@ -120,3 +120,204 @@ def test_without_autoload_and_unnamed_the_plugin_is_off(
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*fixture 'isolated_mailbox' not found*"])
+
+
+KEEPING_SUITE = """
+import os
+import smtplib
+import sys
+
+import pytest
+
+KEPT = sys.modules.setdefault("kept_from_session_one", type(sys)("kept_from_session_one"))
+
+
+def test_keep(isolated_mailbox, mailbox_server, mailbox_store):
+    if hasattr(KEPT, "mailbox"):
+        pytest.skip("kept in the first session")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        mail = "Subject: Code\\r\\n\\r\\n482913\\r\\n"
+        smtp.sendmail("noreply@app.example.test", [isolated_mailbox.address], mail)
+    KEPT.message = isolated_mailbox.wait_for(subject="Code", timeout=10)
+    KEPT.mailbox, KEPT.store = isolated_mailbox, mailbox_store
+    KEPT.tools = isolated_mailbox.agent_tools()
+
+
+def _open_on(path):
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(path)):
+            found.append(target)
+    return found
+
+
+def test_use(isolated_mailbox):
+    if not hasattr(KEPT, "used"):
+        KEPT.used = True
+        pytest.skip("the first session keeps")
+    old = KEPT.store.path
+    for name, call in [
+        ("ack", lambda: KEPT.message.ack()),
+        ("checkpoint", lambda: KEPT.mailbox.checkpoint()),
+        ("wait_for", lambda: KEPT.mailbox.wait_for(subject="Code", timeout=1)),
+        ("reserve", lambda: KEPT.store.reserve(run_id="r-1", purpose="x", ttl=60, domain="m.test")),
+        ("stats", lambda: KEPT.store.stats()),
+    ]:
+        try:
+            answer = call()
+        except Exception as exc:
+            print(f"{name}: {type(exc).__name__}: {exc}")
+        else:
+            print(f"{name}: answered {answer!r}")
+    answer = KEPT.tools.call("wait_for_message", {"fixture_id": KEPT.mailbox.mailbox_id})
+    print(f"agent: {answer['status']}")
+    print(f"open on the old store: {len(_open_on(old))}")
+"""
+
+
+def test_what_a_session_kept_refuses_in_the_next_and_opens_nothing(
+    pytester: pytest.Pytester,
+) -> None:
+    """A mailbox, a claimed message, the store and an agent toolset kept from one
+    ``pytest.main`` (a module's global, a notebook's variable) and used in the next: the
+    store reopened its connections on the first session's file, for the rest of the
+    process, and answered from it: a reservation there got an address no sink serves. Each
+    now refuses with an error that names the session's end and the fix."""
+    pytester.makepyfile(test_keep=KEEPING_SUITE)
+    out = _drive(
+        pytester.path,
+        f"""
+import pytest
+
+for _ in range(2):
+    code = pytest.main([*{BLOCKED!r}, "-p", "no:cacheprovider", "-W", "error", "-q", "-s"])
+    print("exit", int(code))
+""",
+    )
+    assert out.count("exit 0") == 2, out
+    ended = "served a pytest session that has ended"
+    for name in ("ack", "checkpoint", "wait_for", "reserve", "stats"):
+        assert f"{name}: StoreError: the store " in out, out
+    assert out.count(ended) == 5, out
+    assert "isolated_mailbox" in out.split(ended, 1)[1].split("\n", 1)[0]
+    assert "agent: provider_error" in out, out
+    assert "open on the old store: 0" in out, out
+
+
+SESSIONS_SUITE = """
+import os
+import smtplib
+import sys
+
+SEEN = sys.modules.setdefault("seen_by_the_sessions", type(sys)("seen_by_the_sessions"))
+
+
+def test_mail(isolated_mailbox, mailbox_server, email_contract):
+    SEEN.ports = [*getattr(SEEN, "ports", []), mailbox_server.port]
+    SEEN.addresses = [*getattr(SEEN, "addresses", []), isolated_mailbox.address]
+    SEEN.ttls = [*getattr(SEEN, "ttls", []), email_contract.ttl]
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        mail = "Subject: Hi\\r\\n\\r\\nx\\r\\n"
+        smtp.sendmail("noreply@app.example.test", [isolated_mailbox.address], mail)
+    isolated_mailbox.wait_for(subject="Hi", timeout=10).ack()
+    if os.environ.get("INTERRUPT_IN_TEST"):
+        raise KeyboardInterrupt
+"""
+
+SESSIONS_DRIVER = """
+import gc
+import os
+import socket
+import sys
+import threading
+
+import pytest
+
+BLOCKED = {blocked!r}
+PORT = {port!r}
+
+
+def held():
+    gc.collect()
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{{fd}}"))
+        except OSError:  # listdir's own, closed since
+            continue
+    return sorted(t.name for t in threading.enumerate()), sorted(found)
+
+
+def session(*args, interrupt=False):
+    if interrupt:
+        os.environ["INTERRUPT_IN_TEST"] = "1"
+    try:
+        code = pytest.main([*BLOCKED, "-p", "no:cacheprovider", "-W", "error", "-q", *args])
+    finally:
+        os.environ.pop("INTERRUPT_IN_TEST", None)
+    return int(code)
+
+
+def refused(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+print("warm-up", session())
+before = held()
+seen = sys.modules["seen_by_the_sessions"]
+runs = [
+    ("ttl", ("-o", "mailbox_ttl=77"), False),
+    ("bad ini", ("-o", "mailbox_ttl_max=banana"), False),
+    ("off", ("-p", "no:mailbox"), False),
+    ("interrupted", (), True),
+    ("fixed port interrupted", ("--mailbox-port", str(PORT)), True),
+    ("fixed port", ("--mailbox-port", str(PORT)), False),
+    ("receipts 1", ("--mailbox-receipts", "r1.jsonl"), False),
+    ("receipts 2", ("--mailbox-receipts", "r2.jsonl"), False),
+]
+for name, args, interrupt in runs:
+    code = session(*args, interrupt=interrupt)
+    free = refused(seen.ports[-1])
+    print(name, "exit", code, "same as before", held() == before, "port free", free)
+print("ttls", seen.ttls)
+print("addresses", len(seen.addresses), len(set(seen.addresses)))
+print("ports", seen.ports)
+"""
+
+
+def test_sessions_in_a_row_in_one_process_each_take_their_options_and_leave_nothing(
+    pytester: pytest.Pytester, fixed_port: int
+) -> None:
+    """``pytest.main`` again and again in one process, as an IDE or a notebook does: each
+    session gets its own options (ttl, fixed port, receipts file), one that a bad ini
+    value, ``-p no:mailbox`` or a Ctrl-C in a test ended included; after each, the process
+    holds the threads and file descriptors it held before, and the session's port is free
+    (fixed-port mode's, taken again by the next session)."""
+    pytester.makepyfile(test_mail=SESSIONS_SUITE)
+    out = _drive(pytester.path, SESSIONS_DRIVER.format(blocked=BLOCKED, port=fixed_port))
+    assert "warm-up 0" in out, out
+    for name, code in [
+        ("ttl", 0),
+        ("bad ini", 4),
+        ("off", 1),
+        ("interrupted", 2),
+        ("fixed port interrupted", 2),
+        ("fixed port", 0),
+        ("receipts 1", 0),
+        ("receipts 2", 0),
+    ]:
+        assert f"{name} exit {code} same as before True port free True" in out, out
+    assert "ttls [300, 77, 300, 300, 300, 300, 300]" in out, out
+    assert "addresses 7 7" in out, out
+    ports = out.split("ports ", 1)[1].split("\n", 1)[0]
+    assert ports.count(str(fixed_port)) == 2, out
+    for receipts in ("r1.jsonl", "r2.jsonl"):
+        assert len((pytester.path / receipts).read_text().splitlines()) == 1

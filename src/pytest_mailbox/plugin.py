@@ -344,7 +344,7 @@ def _finish(config: pytest.Config) -> None:
     sink = config.stash.get(_fixed_sink_key, None)
     if sink is not None:
         sink.stop()
-        sink.store.close()
+        sink.store.retire(_ended(sink.store))
     if _is_worker(config):
         return
     path = config.stash.get(_store_path_key, None)
@@ -403,6 +403,15 @@ def _finish(config: pytest.Config) -> None:
     finally:
         if store is not None:
             store.close()
+
+
+def _ended(store: Store) -> str:
+    """What a call on a store whose session has ended says, and what to use instead."""
+    return (
+        f"the store {store.path} served a pytest session that has ended: a mailbox, message, "
+        "agent toolset or store kept from it (in a module's global, a notebook's variable) "
+        "is not this session's; use this session's isolated_mailbox (or mailbox_store)"
+    )
 
 
 def _made_store(config: pytest.Config) -> bool:
@@ -492,8 +501,10 @@ class _Fixtures:
         store = Store(path, worker=_worker_name(config), testrun=config.stash[_run_key])
         store.reconcile()
         yield store
-        store.reconcile()
-        store.close()
+        try:
+            store.reconcile()
+        finally:
+            store.retire(_ended(store))
 
     def mailbox_server(self, mailbox_store: Store) -> Iterator[SmtpEndpoint]:
         """The SMTP endpoint for the app under test: ``host``, ``port``, ``smtp_url``,

@@ -427,6 +427,7 @@ class Store:
         self._backoff = TRUNCATE_BACKOFF
         self._checkpointing = False  # the last try at truncating found a checkpoint running
         self._checkpointer: _Checkpointer | None = None
+        self._retired: str | None = None  # see retire()
         #: What a failed write says of itself: while the schema is read or made, that no
         #: store was opened (the caller's call never began); then, that its one
         #: transaction was rolled back.
@@ -475,6 +476,8 @@ class Store:
         key = "writer" if writer else "reader"
         conn: sqlite3.Connection | None = getattr(self._local, key, None)
         if conn is None:
+            if self._retired is not None:
+                raise StoreError(self._retired)
             # Each thread uses its own connections; only close() and the next thread's
             # first connection reach across threads.
             conn = _connect(self._uri, timeout=0.0 if writer else self._busy_timeout)
@@ -694,6 +697,15 @@ class Store:
         self._local = threading.local()
         if checkpointer is not None:
             checkpointer.stop()
+
+    def retire(self, why: str) -> None:
+        """Close every connection for good: each later call raises ``StoreError(why)``,
+        where after ``close()`` it opens its connections again. For a handle that served a
+        pytest session, once it has ended: a mailbox or a store kept from it and used in a
+        later session of the process (``pytest.main`` again, a notebook's cell run again)
+        reopened the old file, answered from it, and held its connections for good."""
+        self._retired = why
+        self.close()
 
     def __enter__(self) -> Store:
         return self
