@@ -321,3 +321,36 @@ def test_sessions_in_a_row_in_one_process_each_take_their_options_and_leave_noth
     assert ports.count(str(fixed_port)) == 2, out
     for receipts in ("r1.jsonl", "r2.jsonl"):
         assert len((pytester.path / receipts).read_text().splitlines()) == 1
+
+
+NESTING_SUITE = """
+import smtplib
+
+INNER = "def test_inner(isolated_mailbox):\\n    pass\\n"
+
+
+def test_outer(isolated_mailbox, mailbox_server, pytester):
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        mail = "Subject: Reset\\r\\n\\r\\nhttps://app.example.test/reset/48291375\\r\\n"
+        smtp.sendmail("noreply@app.example.test", [isolated_mailbox.address], mail)
+    link = isolated_mailbox.wait_for(subject="Reset", timeout=10).link()
+    pytester.makepyfile(test_inner=INNER)
+    blocked = ("-p", "no:asyncio", "-p", "no:randomly", "-p", "no:pytest-retry")
+    pytester.runpytest(*blocked).assert_outcomes(passed=1)
+    assert link == "https://app.example.test/reset/other"
+"""
+
+
+def test_a_session_run_inside_a_test_leaves_that_tests_report_masked(
+    pytester: pytest.Pytester,
+) -> None:
+    """A test that runs a pytest session in its own process (``pytester.runpytest``,
+    ``inline_run``: a plugin's own tests) after it extracted a link: the inner session's
+    first test emptied what the process masks for the running test, and the outer test's
+    report showed the link's token (``/reset/48291375``) in clear."""
+    pytester.makepyfile(test_nest=NESTING_SUITE)
+    result = pytester.runpytest_subprocess(*BLOCKED, "-p", "pytester")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "48291375" not in out
+    result.stdout.fnmatch_lines(["*AssertionError*eset/••••••75*"])

@@ -79,6 +79,9 @@ _fixtures_key = pytest.StashKey["_Fixtures"]()
 #: A test's contract as its setup found it: its marker's, checked; None, no marker (the
 #: settings' contract, built once a fixture asks for it).
 _contract_key = pytest.StashKey["EmailContract | None"]()
+#: What the process masked for its running test when this session began: a session run
+#: inside a test (pytester's in-process runs) gives it back to that test at its end.
+_outer_extracted_key = pytest.StashKey["frozenset[str]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -101,6 +104,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    message = sys.modules.get("pytest_mailbox.message")
+    if message is not None:
+        config.stash[_outer_extracted_key] = frozenset(message.TEST_EXTRACTED)
     config.addinivalue_line(
         "markers",
         "email_contract(*, purpose='mail', ttl=300, lease=min(60, ttl), timeout=10, max_reads=3, "
@@ -159,6 +165,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_reported_key] = reported = _Reported()
         config.pluginmanager.register(reported, "mailbox-reported")
         config.pluginmanager.register(_ShownSections(), "mailbox-shown-sections")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A session run inside a test (``pytester.runpytest``, ``inline_run``) emptied, at
+    each of its tests' setup, what the process masks for the running test: the test that
+    ran it gets its values back (with the inner ones: masking more is safe)."""
+    outer = config.stash.get(_outer_extracted_key, frozenset())
+    message = sys.modules.get("pytest_mailbox.message")
+    if outer and message is not None:
+        message.TEST_EXTRACTED.update(outer)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
