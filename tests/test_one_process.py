@@ -354,3 +354,29 @@ def test_a_session_run_inside_a_test_leaves_that_tests_report_masked(
     out = result.stdout.str()
     assert "48291375" not in out
     result.stdout.fnmatch_lines(["*AssertionError*eset/••••••75*"])
+
+
+@pytest.mark.parametrize(
+    ("conftest", "args", "autoload"),
+    [
+        ('pytest_plugins = ["pytest_mailbox.plugin"]', (), True),
+        ("", ("-p", "pytest_mailbox.plugin"), True),
+        ("", ("-p", "xdist", "-p", "mailbox"), False),
+    ],
+    ids=["conftest", "-p module", "no autoload, -p mailbox"],
+)
+def test_the_plugin_named_beside_its_entry_point_under_xdist(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    conftest: str,
+    args: tuple[str, ...],
+    autoload: bool,
+) -> None:
+    """As above, with xdist's workers, which load the plugins as the controller does."""
+    if not autoload:
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    if conftest:
+        pytester.makeconftest(conftest)
+    pytester.makepyfile(test_suite=SUITE + SUITE.replace("test_mail", "test_mail_too"))
+    result = pytester.runpytest(*args, "-n", "2")
+    result.assert_outcomes(passed=2)
