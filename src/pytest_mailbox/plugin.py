@@ -82,6 +82,7 @@ _contract_key = pytest.StashKey["EmailContract | None"]()
 #: What the process masked for its running test when this session began: a session run
 #: inside a test (pytester's in-process runs) gives it back to that test at its end.
 _outer_extracted_key = pytest.StashKey["frozenset[str]"]()
+_session_store_key = pytest.StashKey["Store"]()  # the mailbox_store fixture's handle
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -168,9 +169,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """A session run inside a test (``pytester.runpytest``, ``inline_run``) emptied, at
+    """The session is over: its stores are retired, so that a mailbox or a store kept from
+    it refuses in a later session of the process (``pytest.main`` again) instead of
+    opening the old file again. Not at the fixture's teardown: the last test's teardown
+    report, which comes after it, may still amend a receipt there.
+
+    A session run inside a test (``pytester.runpytest``, ``inline_run``) emptied, at
     each of its tests' setup, what the process masks for the running test: the test that
     ran it gets its values back (with the inner ones: masking more is safe)."""
+    stores = [config.stash.get(_session_store_key, None)]
+    if _fixed_sink_key in config.stash:
+        stores.append(config.stash[_fixed_sink_key].store)
+    for store in stores:
+        if store is not None:
+            store.retire(_ended(store))
     outer = config.stash.get(_outer_extracted_key, frozenset())
     message = sys.modules.get("pytest_mailbox.message")
     if outer and message is not None:
@@ -360,7 +372,7 @@ def _finish(config: pytest.Config) -> None:
     sink = config.stash.get(_fixed_sink_key, None)
     if sink is not None:
         sink.stop()
-        sink.store.retire(_ended(sink.store))
+        sink.store.close()
     if _is_worker(config):
         return
     path = config.stash.get(_store_path_key, None)
@@ -516,11 +528,10 @@ class _Fixtures:
 
         store = Store(path, worker=_worker_name(config), testrun=config.stash[_run_key])
         store.reconcile()
+        config.stash[_session_store_key] = store  # retired once the session is over
         yield store
-        try:
-            store.reconcile()
-        finally:
-            store.retire(_ended(store))
+        store.reconcile()
+        store.close()
 
     def mailbox_server(self, mailbox_store: Store) -> Iterator[SmtpEndpoint]:
         """The SMTP endpoint for the app under test: ``host``, ``port``, ``smtp_url``,
