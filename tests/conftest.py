@@ -6,6 +6,7 @@ from __future__ import annotations
 # runs in-process and drops modules first imported inside a run, so each inner run would pay
 # that import again (about 1.5 s). Importing it once here keeps it loaded.
 import random
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,13 @@ from storekit import Clock
 
 from pytest_mailbox import EmailContract, Mailbox, MailSink, message
 from pytest_mailbox.store import Store
+
+# The tests of Ctrl-C and of a stopped MCP server send SIGINT to a run or a server they
+# start. A shell without job control starts a background job (`make test &`) with SIGINT
+# ignored, and an ignored signal stays ignored across exec: those processes would never
+# see it. A handler set here is reset to the default in each process started from here.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
