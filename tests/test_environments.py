@@ -272,3 +272,76 @@ def test_the_receipts_command_stops_quietly_when_its_reader_stops_reading(
 
     assert proc.stderr == b""
     assert proc.returncode == 1
+
+
+def test_a_search_in_another_thread_leaves_the_tests_warnings_filters_as_they_are(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``PYTHONWARNDEFAULTENCODING=1`` the plugin's searches ignored the regex
+    package's EncodingWarning with ``warnings.catch_warnings``, which saves and restores
+    the process's filters: a search in another thread (an agent's call, the sink's) undid,
+    as it ended, a filter the test set meanwhile, and a ``pytest.warns`` block entered
+    meanwhile lost its recording and caught the plugin's own EncodingWarning. The search
+    is held on events, as a slow one is, so that the test goes on beside it."""
+    monkeypatch.setenv("PYTHONWARNDEFAULTENCODING", "1")
+    pytester.makepyfile(
+        """
+        import threading
+        import warnings
+
+        import pytest
+
+        from pytest_mailbox.contract import regex_search
+
+
+        @pytest.fixture
+        def held_search(monkeypatch):
+            assert regex_search("a", "a")  # the plugin imports regex
+            import regex
+
+            inside, go, real = threading.Event(), threading.Event(), regex.search
+
+            def held(*args, **kwargs):
+                inside.set()
+                go.wait()
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(regex, "search", held)
+            found = []
+            searcher = threading.Thread(target=lambda: found.append(regex_search("b", "abc")))
+            searcher.start()
+            inside.wait()
+
+            def end():
+                go.set()
+                searcher.join()
+                assert found == [True]
+
+            return end
+
+
+        def test_a_filter_set_beside_a_search(held_search):
+            warnings.filterwarnings("ignore", message="known and harmless")
+            held_search()
+            warnings.warn("known and harmless", UserWarning)
+
+
+        def test_pytest_warns_beside_a_search(held_search):
+            with pytest.warns(UserWarning, match="deprecated"):
+                held_search()
+                warnings.warn("deprecated", UserWarning)
+
+
+        def test_regex_used_by_the_test_still_warns_from_regex():
+            assert regex_search("c", "abc")
+            import regex
+
+            with pytest.warns(EncodingWarning) as warned:
+                regex.compile("the test's own pattern")
+            assert [w.filename for w in warned] == [regex._main.__file__]
+        """
+    )
+
+    result = pytester.runpytest_subprocess("-p", "no:asyncio", "-W", "error")
+
+    result.assert_outcomes(passed=3)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import decimal
 import functools
+import locale
 import math
 import numbers
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -396,29 +398,79 @@ class SlowSearch(Exception):
     """A pattern's search on one text ran past ``SEARCH_LIMIT`` and was stopped."""
 
 
+#: What ``locale.getpreferredencoding()`` warns under ``PYTHONWARNDEFAULTENCODING=1``.
+_PREFERRED_ENCODING_WARNING = (
+    "UTF-8 Mode affects locale.getpreferredencoding(). Consider locale.getencoding() instead."
+)
+_quiet = threading.local()  # ``on``: this thread is in one of the plugin's searches
+_regex_imported = threading.Lock()
+
+
+def _preferred_encoding(do_setlocale: bool = True) -> str:
+    """``locale.getpreferredencoding`` as ``regex`` sees it (it asks with ``False`` for each
+    new pattern, one at its import): without its ``EncodingWarning`` in the plugin's own
+    searches, with it, from the same frame, in anyone else's use of ``regex``."""
+    if do_setlocale or sys.version_info < (3, 11):  # not regex's question: locale answers
+        return _locale_preferred_encoding(do_setlocale)
+    if not getattr(_quiet, "on", False):
+        warnings.warn(_PREFERRED_ENCODING_WARNING, EncodingWarning, stacklevel=2)
+    return "utf-8" if sys.flags.utf8_mode else locale.getencoding()
+
+
+_locale_preferred_encoding = locale.getpreferredencoding
+
+
+def _regex() -> Any:
+    """The ``regex`` package (27 ms to import: paid by the first search, not every
+    start-up). Under ``PYTHONWARNDEFAULTENCODING=1`` it asks the locale's encoding with
+    ``locale.getpreferredencoding()``, which then warns: it is given
+    ``_preferred_encoding`` instead, which does not warn in the plugin's searches (an
+    error under ``-W error`` in the test that searched). The warnings filters, the
+    process's and every thread's (the sink's, an agent's call, the test's), are left as
+    they are: ``warnings.catch_warnings`` would reset another thread's changes to them."""
+    global _regex_module  # noqa: PLW0603 - once per process
+    if _regex_module is not None:
+        return _regex_module
+    with _regex_imported:
+        if sys.flags.warn_default_encoding and sys.version_info >= (3, 11):
+            if "regex" not in sys.modules:  # it binds locale's function, and asks it once
+                locale.getpreferredencoding = _preferred_encoding
+                try:
+                    import regex  # noqa: PLC0415
+                finally:
+                    locale.getpreferredencoding = _locale_preferred_encoding
+            for name, module in list(sys.modules.items()):  # imported before the plugin
+                asks = getattr(module, "_getpreferredencoding", None)
+                if name.startswith("regex.") and asks is _locale_preferred_encoding:
+                    module._getpreferredencoding = _preferred_encoding
+        import regex  # noqa: PLC0415
+
+        _regex_module = regex
+        return regex
+
+
+_regex_module: Any = None
+
+
 @contextlib.contextmanager
-def _regex_quietly() -> Iterator[None]:
-    """Where ``regex`` is imported or compiles a pattern: it asks
-    ``locale.getpreferredencoding()`` for each new pattern (one at its import), which
-    warns (``EncodingWarning``) under ``PYTHONWARNDEFAULTENCODING=1``: an error under
-    ``-W error``, in the test that searched. That warning is the dependency's, not the
-    test's, and is ignored here, in that mode only (``catch_warnings`` changes the
-    process's filters while it lasts)."""
-    if not sys.flags.warn_default_encoding:
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=EncodingWarning, module=r"regex\._main")
-        yield
+def _regex_quietly() -> Iterator[Any]:
+    """The ``regex`` package, in a block whose patterns compile without the
+    ``EncodingWarning`` of ``PYTHONWARNDEFAULTENCODING=1`` (see ``_regex``): the warning is
+    the dependency's, not the test's. This thread's only; a test's own default encoding
+    still warns."""
+    before = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield _regex()
+    finally:
+        _quiet.on = before
 
 
 def regex_finditer(pattern: str, text: str) -> list[Any]:
     """The matches of ``pattern`` (valid, checked by ``_regex_problem``) in ``text``:
     ``re``'s semantics, stopped after ``SEARCH_LIMIT`` seconds (``SlowSearch``)."""
     try:
-        with _regex_quietly():
-            import regex  # noqa: PLC0415 - 27 ms, paid by the first search, not every start-up
-
+        with _regex_quietly() as regex:
             return list(regex.finditer(pattern, text, timeout=SEARCH_LIMIT))
     except TimeoutError:
         raise SlowSearch(pattern) from None
@@ -427,9 +479,7 @@ def regex_finditer(pattern: str, text: str) -> list[Any]:
 def regex_search(pattern: str, text: str) -> bool:
     """``re.search(pattern, text)`` found something; stopped after ``SEARCH_LIMIT`` s."""
     try:
-        with _regex_quietly():
-            import regex  # noqa: PLC0415
-
+        with _regex_quietly() as regex:
             return regex.search(pattern, text, timeout=SEARCH_LIMIT) is not None
     except TimeoutError:
         raise SlowSearch(pattern) from None
@@ -459,9 +509,7 @@ def _regex_problem(value: str) -> str | None:
         )
     try:
         re.compile(value)
-        with _regex_quietly():
-            import regex  # noqa: PLC0415 - the searches run on it
-
+        with _regex_quietly() as regex:  # the searches run on it
             regex.compile(value)
     except Exception as exc:  # re.error, regex.error, OverflowError, RecursionError
         return f"not a valid regular expression ({exc})"
