@@ -151,6 +151,59 @@ def test_a_subject_with_characters_xml_forbids_reads_back_the_same_from_junit_xm
         assert [m.subject for m in receipt.messages] == [subject]
 
 
+#: pytest 8.1 to 9.0's ``bin_xml_escape`` (pytest-dev/pytest#14483, fixed in 9.1): its
+#: set of legal characters ends at ``\u1000`` ``0-\u10ff`` ``ff``, so that every character
+#: past U+FFFF (an emoji) is written ``#x1F389`` in a property's value.
+PYTEST_9_0_JUNIT_ESCAPE = """
+import re
+
+import _pytest.junitxml
+
+
+def bin_xml_escape(arg):
+    def repl(found):
+        i = ord(found.group())
+        return "#x%02X" % i if i <= 0xFF else "#x%04X" % i
+
+    illegal = (
+        "[^\\u0009\\u000a\\u000d\\u0020-\\u007e"
+        "\\u0080-\\ud7ff\\ue000-\\ufffd\\u10000-\\u10ffff]"
+    )
+    return re.sub(illegal, repl, str(arg))
+
+
+_pytest.junitxml.bin_xml_escape = bin_xml_escape
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_subject_with_an_emoji_reads_back_the_same_from_the_junit_xml_of_pytest_9_0(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """pytest before 9.1 (the plugin's floor is 8.1) writes every character past U+FFFF
+    in a property's value as the text ``#x1F389``: a receipt read back from JUnit XML had
+    ``#x1F389 Welcome`` for the subject the JSON Lines file has as ``\U0001f389 Welcome``.
+    Such a character is a JSON escape in the receipt (a surrogate pair), as DEL is."""
+    subject = "\U0001f389 Welcome, \U0001d4b3"
+    pytester.makeconftest(SENDER_CONFTEST + PYTEST_9_0_JUNIT_ESCAPE)
+    pytester.makepyfile(
+        f"""
+        SUBJECT = {subject!r}
+
+        def test_emoji_subject(isolated_mailbox, send):
+            send(isolated_mailbox.address, subject=SUBJECT)
+            assert isolated_mailbox.wait_for(subject_contains="Welcome").subject == SUBJECT
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml", "--mailbox-receipts=r.jsonl")
+    result.assert_outcomes(passed=1)
+
+    assert "#x1F389" not in (pytester.path / "junit.xml").read_text(encoding="utf-8")
+    for name in ("junit.xml", "r.jsonl"):
+        (receipt,) = read_receipts(pytester.path / name)
+        assert [m.subject for m in receipt.messages] == [subject]
+
+
 def test_the_receipts_table_keeps_its_columns_when_a_test_id_is_escaped(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1132,12 +1132,22 @@ class Receipt(BaseModel):
 
 
 #: What pytest's JUnit XML writes as the text ``#x7F``, ``#xFFFE`` in a property's value:
-#: DEL, and the characters XML 1.0 forbids that JSON leaves as they are (a subject's).
-_NOT_IN_JUNIT = re.compile("[\x7f\ud800-\udfff\ufffe\uffff]")
+#: DEL, the characters XML 1.0 forbids that JSON leaves as they are (a subject's), and,
+#: before pytest 9.1 (pytest-dev/pytest#14483), every character past U+FFFF (an emoji).
+_NOT_IN_JUNIT = re.compile("[\x7f\ud800-\udfff\ufffe\uffff\U00010000-\U0010ffff]")
+
+
+def _json_escape(found: re.Match[str]) -> str:
+    """A character as a JSON escape: past U+FFFF, its UTF-16 surrogate pair."""
+    code = ord(found.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def dump_receipt(receipt: Receipt) -> str:
     """Compact JSON for a JUnit property or a JSON Lines file; a character JUnit XML would
     change is a JSON escape (only a string holds one), so both files read back the same."""
     text = receipt.model_dump_json(exclude_none=True)
-    return _NOT_IN_JUNIT.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    return _NOT_IN_JUNIT.sub(_json_escape, text)
