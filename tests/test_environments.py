@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -387,14 +388,40 @@ def test_a_search_in_another_thread_leaves_the_tests_warnings_filters_as_they_ar
 
         def test_regex_used_by_the_test_still_warns_from_regex():
             assert regex_search("c", "abc")
+            import sys
+
             import regex
 
             with pytest.warns(EncodingWarning) as warned:
                 regex.compile("the test's own pattern")
-            assert [w.filename for w in warned] == [regex._main.__file__]
+            module = sys.modules[regex.compile.__module__]  # regex._main, or regex.regex
+            assert [w.filename for w in warned] == [module.__file__]
         """
     )
 
     result = pytester.runpytest_subprocess("-p", "no:asyncio", "-W", "error")
 
     result.assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize("do_setlocale", [False, True])
+def test_regex_is_answered_as_the_locale_answers_without_the_warning_in_a_search(
+    do_setlocale: bool,
+) -> None:
+    """What the regex package is given for ``locale.getpreferredencoding`` under
+    ``PYTHONWARNDEFAULTENCODING=1``: locale's answer, and its warning from the caller's
+    frame, but in the plugin's own searches. regex asks with ``False``, and regex 2023
+    (the floor below Python 3.13: ``regex.regex``, not ``regex._main``) with ``True``."""
+    import locale  # noqa: PLC0415
+
+    from pytest_mailbox import contract  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EncodingWarning)
+        expected = locale.getpreferredencoding(do_setlocale)
+    with pytest.warns(EncodingWarning, match="UTF-8 Mode affects") as warned:
+        assert contract._preferred_encoding(do_setlocale) == expected
+    assert [w.filename for w in warned] == [__file__]
+    with contract._regex_quietly(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert contract._preferred_encoding(do_setlocale) == expected

@@ -407,14 +407,24 @@ _regex_imported = threading.Lock()
 
 
 def _preferred_encoding(do_setlocale: bool = True) -> str:
-    """``locale.getpreferredencoding`` as ``regex`` sees it (it asks with ``False`` for each
-    new pattern, one at its import): without its ``EncodingWarning`` in the plugin's own
-    searches, with it, from the same frame, in anyone else's use of ``regex``."""
-    if do_setlocale or sys.version_info < (3, 11):  # not regex's question: locale answers
+    """``locale.getpreferredencoding`` as ``regex`` sees it (it asks for each new pattern,
+    one at its import): without its ``EncodingWarning`` in the plugin's own searches, and
+    as locale's own (the same warning, from the same frame, and answer) elsewhere."""
+    if sys.version_info < (3, 11):  # installed on 3.11 and later only (3.10 never warns)
         return _locale_preferred_encoding(do_setlocale)
     if not getattr(_quiet, "on", False):
         warnings.warn(_PREFERRED_ENCODING_WARNING, EncodingWarning, stacklevel=2)
-    return "utf-8" if sys.flags.utf8_mode else locale.getencoding()
+    if sys.flags.utf8_mode:
+        return "utf-8"
+    if not do_setlocale:
+        return locale.getencoding()
+    before = locale.setlocale(locale.LC_CTYPE)  # as locale's: regex 2023 asks with True
+    try:
+        with contextlib.suppress(locale.Error):
+            locale.setlocale(locale.LC_CTYPE, "")
+        return locale.getencoding()
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
 
 
 _locale_preferred_encoding = locale.getpreferredencoding
