@@ -121,6 +121,8 @@ def test_the_wheel_registers_the_plugin_with_pytest(dists: Dists) -> None:
     entry_points.read_string(wheel_files(dists.wheel)[f"{dist_info}/entry_points.txt"].decode())
     # A module that names the plugin, so that naming the plugin itself beside it loads it once.
     assert dict(entry_points["pytest11"]) == {"mailbox": "pytest_mailbox._entry_point"}
+    entry_point = wheel_files(dists.wheel)["pytest_mailbox/_entry_point.py"].decode()
+    assert 'pytest_plugins = ["pytest_mailbox.plugin"]' in entry_point.splitlines()
 
 
 def test_the_wheels_metadata_is_what_pypi_accepts_and_pyproject_says(dists: Dists) -> None:
@@ -211,8 +213,9 @@ from pathlib import Path
 
 
 def test_the_plugin_is_the_wheels(request):
-    plugin = request.config.pluginmanager.get_plugin("mailbox")
-    assert Path(plugin.__file__).is_relative_to({site!r}), plugin.__file__
+    for name in ("mailbox", "pytest_mailbox.plugin"):
+        plugin = request.config.pluginmanager.get_plugin(name)
+        assert Path(plugin.__file__).is_relative_to({site!r}), plugin.__file__
 """
 
 
