@@ -122,6 +122,33 @@ def test_without_autoload_and_unnamed_the_plugin_is_off(
     result.stdout.fnmatch_lines(["*fixture 'isolated_mailbox' not found*"])
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("-p", "no:mailbox"), ("-p", "no:pytest_mailbox.plugin"), ("-p", "no:mailbox", "-n", "2")],
+    ids=["-p no:mailbox", "-p no:module", "-p no:mailbox -n 2"],
+)
+@pytest.mark.parametrize("autoload", [True, False], ids=["autoload", "no autoload"])
+def test_the_plugin_named_in_a_conftest_is_off_under_p_no_mailbox(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    autoload: bool,
+) -> None:
+    """A project that names the plugin in its conftest, as docs/configuration.md says to
+    load it without autoload, and turns it off for a run with ``-p no:mailbox``, as the
+    docs and the plugin's own usage errors say: the conftest loaded it under the module's
+    name all the same (a sink, a store, receipts)."""
+    if not autoload:
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+        args = (*args, "-p", "xdist") if "-n" in args else args
+    pytester.makeconftest('pytest_plugins = ["pytest_mailbox.plugin"]')
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'isolated_mailbox' not found*"])
+    result.stdout.no_fnmatch_line("mailbox: *")  # no header, no counts: no sink, no store
+
+
 KEEPING_SUITE = """
 import os
 import smtplib

@@ -105,6 +105,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.is_blocked("mailbox"):
+        # -p no:mailbox, where the module was named too (a conftest's pytest_plugins, as
+        # docs/configuration.md says to load it without autoload, or -p): off, as the
+        # entry point's name promises, not on under the module's name. Its options stay
+        # known (pytest asked for them when it loaded the module). Found by this very
+        # hook: pytester's runs may have imported the module anew since.
+        manager = config.pluginmanager
+        for plugin in manager.get_plugins():
+            if getattr(plugin, "pytest_configure", None) is pytest_configure:
+                manager.unregister(plugin)
+        return
     message = sys.modules.get("pytest_mailbox.message")
     if message is not None:
         config.stash[_outer_extracted_key] = frozenset(message.TEST_EXTRACTED)
