@@ -235,6 +235,52 @@ for _ in range(2):
     assert "open on the old store: 0" in out, out
 
 
+FAILED_START = """
+import os
+
+import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session):
+    yield
+    if os.environ.get("FAIL_AT_START"):
+        raise RuntimeError("a plugin failed after pytest-mailbox's sessionstart")
+"""
+
+
+def test_a_session_that_fails_after_the_fixed_port_sink_started_frees_the_port(
+    pytester: pytest.Pytester, fixed_port: int
+) -> None:
+    """An error raised after the plugin's ``pytest_sessionstart`` (another plugin's, a hook
+    wrapper's) ends the session with an INTERNALERROR, and pytest calls no
+    ``pytest_sessionfinish``, which stops fixed-port mode's sink: its thread served the
+    retired store and held the port, so the next ``pytest.main`` of the process stopped
+    at a usage error ("the port is already in use")."""
+    pytester.makeconftest(FAILED_START)
+    pytester.makepyfile(test_mail=SESSIONS_SUITE)
+    out = _drive(
+        pytester.path,
+        f"""
+import os
+import threading
+
+import pytest
+
+args = [*{BLOCKED!r}, "-p", "no:cacheprovider", "-W", "error", "-q"]
+args += ["--mailbox-port", "{fixed_port}"]
+os.environ["FAIL_AT_START"] = "1"
+print("first exit", int(pytest.main(args)))
+del os.environ["FAIL_AT_START"]
+print("threads", sorted(t.name for t in threading.enumerate()))
+print("second exit", int(pytest.main(args)))
+""",
+    )
+    assert "first exit 3" in out, out
+    assert "threads ['MainThread']" in out, out
+    assert "second exit 0" in out, out
+
+
 SESSIONS_SUITE = """
 import os
 import smtplib

@@ -190,7 +190,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     ran it gets its values back (with the inner ones: masking more is safe)."""
     stores = [config.stash.get(_session_store_key, None)]
     if _fixed_sink_key in config.stash:
-        stores.append(config.stash[_fixed_sink_key].store)
+        sink = config.stash[_fixed_sink_key]
+        # Stopped at pytest_sessionfinish, which pytest skips for a session that ended in
+        # an error raised after this plugin's pytest_sessionstart (another plugin's, a
+        # hook wrapper's): the sink would serve a retired store, and hold the port for the
+        # rest of the process (the next pytest.main could not bind it). Idempotent.
+        sink.stop()
+        stores.append(sink.store)
     for store in stores:
         if store is not None:
             store.retire(_ended(store))
