@@ -1025,8 +1025,12 @@ _SOFT_BREAK = re.compile(
 #: a ``format=flowed; delsp=yes`` soft line break (RFC 3676: a space at a line's end, where
 #: Apple Mail cuts a long link), or the wrap of a link in angle brackets (RFC 3986,
 #: appendix C: ``<https://…?token=Zq8x`` then ``  K2mP…>``), which ``link()`` reads whole.
+#: Quoted-printable writes the flowed line's last space as ``=20`` (RFC 2045 6.7), and may
+#: cut the same value with a soft line break of its own (``token=3DZq8=`` then ``x=20``):
+#: either is a break here.
 _WRAP_BREAK = re.compile(
-    rf"[ \t]*(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})[ \t]*"
+    rf"{_SOFT_BREAK.pattern}|(?:[ \t]|=20|=09)*"
+    rf"(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})[ \t]*"
 )
 #: What ``_bullets`` keeps of a soft-broken value: its line breaks, lines' starts, quotes.
 _KEPT = re.compile(rf"{_NEXT_ITEM}|\r?\n{_LINE_START}|\r")
