@@ -539,6 +539,35 @@ def test_a_file_named_but_not_marked_attachment_is_not_read_as_the_body(
         msg.code(pattern=r"total (\d+)")
 
 
+def test_a_body_whose_every_text_part_is_named_is_read(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """Some mailers name the body's parts (``text/html; name="body.html"``, as a TNEF
+    conversion writes Outlook's body), which RFC 2183 leaves the body: with no part
+    without a name to be the body, a named part not marked ``attachment`` is read, where
+    code() said "no code" and ``msg.text`` was empty."""
+    body = (
+        'Content-Type: multipart/mixed; boundary="M"\r\n\r\n--M\r\n'
+        'Content-Type: multipart/alternative; boundary="A"\r\n\r\n--A\r\n'
+        'Content-Type: text/plain; charset=utf-8; name="body.txt"\r\n\r\n'
+        f"Your code is 482913. Sign in: {TOKEN_LINK}\r\n--A\r\n"
+        'Content-Type: text/html; charset=utf-8; name="body.html"\r\n\r\n'
+        f'<p>Your code is <b>482913</b>. <a href="{TOKEN_LINK}">Sign in</a></p>\r\n--A--\r\n'
+        '--M\r\nContent-Type: application/pdf; name="terms.pdf"\r\n'
+        'Content-Disposition: attachment; filename="terms.pdf"\r\n'
+        "Content-Transfer-Encoding: base64\r\n\r\nJVBERi0xLjQK\r\n--M--\r\n"
+    )
+    send_raw(mailbox_server, isolated_mailbox.address, body.encode())
+
+    msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
+
+    assert msg.text == f"Your code is 482913. Sign in: {TOKEN_LINK}"
+    assert "<b>482913</b>" in msg.html
+    assert msg.code() == "482913"
+    assert msg.links() == [TOKEN_LINK]
+    assert msg.link() == TOKEN_LINK
+
+
 def test_a_code_in_the_html_beside_a_stub_text_part_is_found(
     mailbox_server: MailSink, isolated_mailbox: Mailbox
 ) -> None:

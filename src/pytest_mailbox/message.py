@@ -1576,35 +1576,37 @@ def _walk(root: EmailMessage, *, into_attached: bool = True) -> Iterator[EmailMe
             stack.extend(child for child in reversed(children) if isinstance(child, EmailMessage))
 
 
-def _find_body(tree: EmailMessage, subtype: str) -> EmailMessage | None:
+def _find_body(tree: EmailMessage, subtype: str, *, named: bool = False) -> EmailMessage | None:
     """``get_body((subtype,))``, falling back to the first inline ``text/<subtype>`` part;
     never a file (``_is_file``), which ``get_body`` takes for the body when it is not
-    marked ``attachment``."""
+    marked ``attachment``. With ``named``, a part with a file name not marked
+    ``attachment`` may be the body: for a mail whose every text part is named."""
     try:
         found = tree.get_body((subtype,))
     except Exception:  # RecursionError on absurdly deep trees, header parser bugs
         found = None
-    if isinstance(found, EmailMessage) and not _is_file(found, tree):
+    if isinstance(found, EmailMessage) and not _is_file(found, tree, named=named):
         return found
     wanted = f"text/{subtype}"
     for part in _walk(tree, into_attached=False):
         try:
-            if part.get_content_type() == wanted and not _is_file(part, tree):
+            if part.get_content_type() == wanted and not _is_file(part, tree, named=named):
                 return part
         except Exception:  # skip parts whose headers cannot be read
             continue
     return None
 
 
-def _is_file(part: EmailMessage, tree: EmailMessage) -> bool:
+def _is_file(part: EmailMessage, tree: EmailMessage, *, named: bool = False) -> bool:
     """A part of the mail that is a file attached: marked ``attachment``, or named
     (``Content-Disposition: inline; filename=…``, as Apple Mail attaches a text file, or
-    only ``Content-Type: …; name=…``, as older mailers do). A mail's own body has no name;
-    the whole mail is its own body, whatever it says."""
+    only ``Content-Type: …; name=…``, as older mailers do), unless ``named``: where no
+    part without a name is the body, a named one is (Outlook's ``name="body.html"``, a
+    TNEF conversion's). The whole mail is its own body, whatever it says."""
     if part is tree:
         return False
     try:
-        return part.is_attachment() or part.get_filename() is not None
+        return part.is_attachment() or (not named and part.get_filename() is not None)
     except Exception:  # a disposition or name that cannot be read: not the body either
         return True
 
@@ -1800,6 +1802,9 @@ def _parse(raw: bytes) -> _Parsed:
 
     plain = _find_body(tree, "plain")
     markup = _find_body(tree, "html")
+    if plain is None and markup is None:  # every text part named: some mailers name the body
+        plain = _find_body(tree, "plain", named=True)
+        markup = _find_body(tree, "html", named=True)
     text = _decode_part(plain, flags) if plain is not None else ""
     html = _decode_part(markup, flags) if markup is not None else ""
     for part in _walk(tree):  # after decoding: bad base64 is only noticed while decoding
