@@ -341,17 +341,20 @@ def test_a_link_in_angle_brackets_cut_by_a_line_break_is_one_link(
     assert msg.code() == "482913"
 
 
+@pytest.mark.parametrize("blank", ["", " \t"], ids=["empty", "white-space"])
 def test_a_cleartext_signed_body_is_read_without_its_signature(
-    mailbox_server: MailSink, isolated_mailbox: Mailbox
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, blank: str
 ) -> None:
     """An OpenPGP cleartext signature (RFC 4880 7) is base64 in the text body, after the
     text it signs: its digits between ``+`` and ``/`` stood alone as codes, and GPGTools'
     ``Comment:`` link was a second link, so code() and link() refused a mail that shows
-    one of each. The text read is the signed text, dash escapes undone."""
+    one of each. The text read is the signed text, dash escapes undone. The blank line
+    after the armor headers may hold white space (RFC 4880 6.2): the signed text was read
+    from its second paragraph on, without the link and code of its first."""
     body = (
         "Content-Type: text/plain; charset=utf-8\r\n\r\n"
-        "-----BEGIN PGP SIGNED MESSAGE-----\r\nHash: SHA256\r\n\r\n"
-        f"Sign in: {TOKEN_LINK}\r\nor enter 482913.\r\n- -- \r\nThe App team\r\n"
+        f"-----BEGIN PGP SIGNED MESSAGE-----\r\nHash: SHA256\r\n{blank}\r\n"
+        f"Sign in: {TOKEN_LINK}\r\nor enter 482913.\r\n\r\n- -- \r\nThe App team\r\n"
         "-----BEGIN PGP SIGNATURE-----\r\n"
         "Comment: GPGTools - https://gpgtools.example.test\r\n\r\n"
         "iQEzBAEBCAAdFiEE7n+g/1234567+Xr9wsFcBAABCAAQBQJ/654321+bXq0JhAAoJEN\r\n"
@@ -361,7 +364,7 @@ def test_a_cleartext_signed_body_is_read_without_its_signature(
 
     msg = isolated_mailbox.wait_for(subject="Your sign-in link", timeout=10)
 
-    assert msg.text == f"Sign in: {TOKEN_LINK}\nor enter 482913.\n-- \nThe App team\n"
+    assert msg.text == f"Sign in: {TOKEN_LINK}\nor enter 482913.\n\n-- \nThe App team\n"
     assert msg.links() == [TOKEN_LINK]
     assert msg.link() == TOKEN_LINK
     assert msg.code() == "482913"

@@ -1698,10 +1698,12 @@ def _clearsigned(text: str) -> str:
         return text
     lines = text.lstrip().split("\n")
     try:
-        start = lines.index("") + 1  # the armor headers end at the first empty line
+        # The armor headers end at the first blank line, "zero-length, or containing only
+        # whitespace" (RFC 4880 6.2): not at the signed text's first paragraph break.
+        start = next(i for i, line in enumerate(lines) if not line.strip()) + 1
         end = next(i for i in range(start, len(lines)) if lines[i].rstrip() == _SIGNATURE_BEGIN)
         close = next(i for i in range(end, len(lines)) if lines[i].rstrip() == _SIGNATURE_END)
-    except (ValueError, StopIteration):  # not a whole cleartext signature: as written
+    except StopIteration:  # not a whole cleartext signature: as written
         return text
     signed = [line[2:] if line.startswith("- ") else line for line in lines[start:end]]
     return "\n".join([*signed, *lines[close + 1 :]])
