@@ -1618,6 +1618,23 @@ def test_a_masker_finds_a_code_in_base64_encoded_words_and_leaves_others_alone()
     assert mask("S: =?utf-8?b?Y29kZSA0ODI5MTM?=") == "S: =?utf-8?b?Y29k" + "•" * 11 + "?="
 
 
+def test_a_masker_leaves_a_number_holding_a_code_alone_in_text_of_several_lines() -> None:
+    """A code is masked where no digit touches it (``job 8279071`` stays), also in a report
+    of several lines, every line break of which may be one that link() reads a link
+    through: the numbers of a failing test's list showed as ``[1••••••7, 2••••••1]``. A code
+    cut by such a break is still masked."""
+    mask = Masker({"482913"})
+    for text in (
+        "E       assert [14829137, 24829131] == [14829137, 99]\nE         At index 1 diff",
+        "order 4829130\nshipped",
+        "4829130=\r\nnext",
+        "job 1482913\n",
+    ):
+        assert mask(text) == text
+    assert mask("code 482 \r\n913 now\n") == "code ••••\r\n••• now\n"
+    assert mask("code 4829=\r\n13 now\n") == "code •••••\r\n•• now\n"
+
+
 def test_a_masker_hides_a_values_start_after_an_escape_and_a_cut() -> None:
     """pytest cuts a long repr of ``msg.raw``: a token's start after ``token=3D``, as a
     quoted-printable body or a Q-encoded subject shows it, is as much the token's."""

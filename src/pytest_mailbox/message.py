@@ -1275,9 +1275,11 @@ def _quoted_printable(value: str) -> str:
 @lru_cache(maxsize=1024)
 def _soft_broken(value: str, soft: re.Pattern[str] = _SOFT_BREAK) -> re.Pattern[str]:
     """``value`` with a soft line break (quoted-printable's, or ``soft``) allowed between
-    any two characters."""
+    any two characters; one of digits only where no digit touches it, as ``_mask_value``
+    masks it (every line break is a ``_WRAP_BREAK``: ``job 8279071`` then a line)."""
     separator = f"(?:{soft.pattern})?"
-    return re.compile(separator.join(map(re.escape, value)))
+    pattern = separator.join(map(re.escape, value))
+    return re.compile(rf"(?<!\d){pattern}(?!\d)" if value.isdigit() else pattern)
 
 
 def _bullets(match: re.Match[str]) -> str:
