@@ -463,6 +463,15 @@ FORWARDED = (
             "Content-Type: text/rfc822-headers\r\n\r\nSubject: Your code 482913\r\n--B--\r\n",
             "its report (message/delivery-status), its text/rfc822-headers part",
         ),
+        (
+            'Content-Type: multipart/report; report-type=global-delivery-status; boundary="B"'
+            "\r\n\r\n--B\r\nContent-Type: text/plain\r\n\r\nYour message could not be "
+            "delivered.\r\n--B\r\nContent-Type: message/global-delivery-status\r\n\r\n"
+            "Reporting-MTA: dns; mx.example.test\r\n\r\nFinal-Recipient: utf-8; "
+            "bob@example.test\r\nAction: failed\r\nStatus: 5.1.1\r\n--B\r\n"
+            "Content-Type: message/global-headers\r\n\r\nSubject: Your code 482913\r\n--B--\r\n",
+            "its report (message/global-delivery-status), its message/global-headers part",
+        ),
     ],
     ids=[
         "forwarded",
@@ -470,6 +479,7 @@ FORWARDED = (
         "attached-text-named-like-a-link",
         "invitation-alone",
         "bounce-with-headers",
+        "bounce-of-smtputf8-mail",
     ],
 )
 def test_a_forwarded_message_or_an_attached_file_is_not_read_and_the_error_says_so(

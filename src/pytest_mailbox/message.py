@@ -1849,8 +1849,18 @@ def _parse(raw: bytes) -> _Parsed:
 
 #: The text parts ``link()`` and ``code()`` read when they are the body (``_find_body``).
 _BODY_KINDS = frozenset({"text/plain", "text/html"})
-#: The machine-readable part of a ``multipart/report`` (RFC 3464, RFC 8098).
-_REPORTS = frozenset({"message/delivery-status", "message/disposition-notification"})
+#: The machine-readable part of a ``multipart/report`` (RFC 3464, RFC 8098), and their
+#: internationalized forms (RFC 6533, as an SMTPUTF8 mail's bounce is sent).
+_REPORTS = frozenset(
+    {
+        "message/delivery-status",
+        "message/disposition-notification",
+        "message/global-delivery-status",
+        "message/global-disposition-notification",
+    }
+)
+#: A bounce's copy of the original's headers, not a message (RFC 6522, RFC 6533).
+_HEADERS_COPY = frozenset({"text/rfc822-headers", "message/global-headers"})
 
 
 def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tuple[str, ...]:
@@ -1869,6 +1879,8 @@ def _unread(tree: EmailMessage, bodies: tuple[EmailMessage | None, ...]) -> tupl
                 continue
             if kind in _REPORTS:  # a bounce's or a read receipt's report, not a mail
                 found[f"its report ({kind})"] = None
+            elif kind in _HEADERS_COPY:
+                found[f"its {kind} part"] = None
             elif kind.startswith("message/"):  # the whole mail, too: a bounce, a forward
                 found[f"an attached message ({kind})"] = None
             elif kind.startswith("text/") and _is_file(part, tree):
