@@ -1024,12 +1024,13 @@ _LINE_START = r"(?:E?[ \t]+(?:[-+][ \t]+)?|[-+][ \t]+)?"
 #: string split at its line breaks by ``-vv`` (``…=\\r\\n'`` then ``E  +   'dKx…``), or a
 #: list's items (``splitlines()``: ``…Z=', 'dKx…``).
 _NEXT_ITEM = rf"['\"],?(?: |\r?\n{_LINE_START})['\"]"
+#: A line's end as a raw message is printed, or as pytest shows one in a repr, a diff or
+#: a list (``\\r\\n``, then the next item's quote).
+_LINE_BREAK = rf"(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})"
 #: A quoted-printable soft line break, as printed or as a repr shows it (``=\\r\\n``),
 #: with the white space a transport may add after its ``=`` (RFC 2045 6.7), and what
 #: starts the next line where pytest shows the text in a diff or a list.
-_SOFT_BREAK = re.compile(
-    rf"=(?:[ \t]|\\t)*(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})"
-)
+_SOFT_BREAK = re.compile(rf"=(?:[ \t]|\\t)*{_LINE_BREAK}")
 #: A line break that a value may be cut at in a raw message with nothing of its own there:
 #: a ``format=flowed; delsp=yes`` soft line break (RFC 3676: a space at a line's end, where
 #: Apple Mail cuts a long link), or the wrap of a link in angle brackets (RFC 3986,
@@ -1037,10 +1038,7 @@ _SOFT_BREAK = re.compile(
 #: Quoted-printable writes the flowed line's last space as ``=20`` (RFC 2045 6.7), and may
 #: cut the same value with a soft line break of its own (``token=3DZq8=`` then ``x=20``):
 #: either is a break here.
-_WRAP_BREAK = re.compile(
-    rf"{_SOFT_BREAK.pattern}|(?:[ \t]|=20|=09)*"
-    rf"(?:\r?\n{_LINE_START}|(?:\\r\\n|\\n)(?:{_NEXT_ITEM})?|{_NEXT_ITEM})[ \t]*"
-)
+_WRAP_BREAK = re.compile(rf"{_SOFT_BREAK.pattern}|(?:[ \t]|=20|=09)*{_LINE_BREAK}[ \t]*")
 #: What ``_gapless`` takes out of a text: a superset of what ``_WRAP_BREAK`` matches.
 _GAPS = ("=20", "=09", "\\r", "\\n", " ", "\t", "\r", "\n", "'", '"', ",")
 _NEW_LINE = re.compile(rf"\n{_LINE_START}")
@@ -1704,12 +1702,12 @@ def _decode_part(part: EmailMessage, flags: set[str]) -> str:
             flags.add("unknown_charset")
             text = payload.decode("utf-8", "replace")
     text = _SURROGATE.sub("\ufffd", text).replace("\r\n", "\n").replace("\r", "\n")
+    if part.get_content_type() != "text/plain":
+        return text
     try:
         flowed = str(part.get_param("format", "")).lower() == "flowed"
         delsp = str(part.get_param("delsp", "")).lower() == "yes"
     except Exception:  # a Content-Type whose parameters cannot be read: as written
-        return text
-    if part.get_content_type() != "text/plain":
         return text
     if flowed:
         text = _unflowed(text, delsp=delsp)
