@@ -652,6 +652,35 @@ def test_code_glued_to_a_word_is_not_a_piece_of_a_longer_number() -> None:
         plain("Call 123456789 now").code()
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        "1234\u200b56",  # a zero-width space: 1234 alone was the code
+        "12\u200c3456",  # a zero-width non-joiner, as some senders break phone detection
+        "1234\u200d56",
+        "1234\u206056",  # a word joiner
+        "1234\ufeff56",  # a byte order mark
+        "1234\u00ad56",  # a soft hyphen
+        "12\u202e3456",  # a right-to-left override ("Trojan Source"): 3456 was the code
+        "\u2066123\u20694\u200e56",  # isolates and a direction mark
+    ],
+)
+def test_code_reads_digits_an_invisible_character_splits_as_one_code_not_a_part(
+    written: str,
+) -> None:
+    """An invisible format character between digits hid them from each other: code()
+    returned the four digits on one side of it, silently, as the mail's code."""
+    html = f"<p>Your code is <b>{written}</b>.</p>"
+
+    assert plain(f"Your code is {written}.\n").code() == "123456"
+    assert Message(build(html=html)).code() == "123456"
+
+
+def test_code_split_into_too_many_digits_by_an_invisible_character_is_no_code() -> None:
+    with pytest.raises(ExtractionError, match="no code matching"):
+        plain("Your code is 12345\u200b6789.\n").code()  # nine digits as a reader sees them
+
+
 def test_code_ignores_an_empty_capture() -> None:
     assert plain("code: 4829, and later code: none").code(pattern=r"code: (\d*)") == "4829"
 

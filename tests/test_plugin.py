@@ -3658,6 +3658,41 @@ def test_a_code_found_in_groups_is_masked_as_the_mail_wrote_it(
         assert "731 604" not in text
 
 
+INVISIBLE_CODE_SUITE = """
+def test_split(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject="Code", body="Your code is 7316\\u200b04.")
+    msg = isolated_mailbox.wait_for(subject="Code")
+    code = msg.code()
+    print("the mail says", ascii(msg.text))
+    assert msg.text == f"Your code is {code}."
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_code_an_invisible_character_splits_is_found_whole_and_masked_as_written(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """A zero-width space inside a code (``7316\u200b04``): code() returned ``7316``, a
+    part of it, and the report showed the rest. Now it returns the whole code, and the
+    report masks it as the mail wrote it, the invisible character included."""
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(INVISIBLE_CODE_SUITE)
+
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E       AssertionError: assert 'Your code is ••••••••••04.\\n' == "
+            "'Your code is ••••04.'",
+        ]
+    )
+    junit = (pytester.path / "junit.xml").read_text()
+    for text in ("\n".join(result.outlines + result.errlines), junit):
+        assert "7316" not in text
+        assert "731604" not in text
+
+
 def _reports(pytester: pytest.Pytester) -> tuple[str, str]:
     """The run's JUnit XML and its pytest-html report, with the HTML's escapes undone."""
     junit = (pytester.path / "junit.xml").read_text()

@@ -1896,9 +1896,25 @@ def _searched(pattern: str | None, texts: tuple[str, ...]) -> tuple[str, ...]:
     if pattern is not None:
         return texts
     return tuple(
-        _NOT_CODES.sub(" ", _DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", _unwrapped(text))))
+        _NOT_CODES.sub(
+            " ", _DATE_OR_TIME.sub(" ", _URL_TO_REDACT.sub(" ", _invisible_out(_unwrapped(text))))
+        )
         for text in texts
     )
+
+
+#: An invisible format character between two digits (a zero-width space, joiner or
+#: non-joiner, a word joiner, a byte order mark, a soft hyphen, a direction mark or
+#: override): a reader sees one number where ``\d`` sees two, and ``1234\u200b56`` gave the
+#: code ``1234``. The default pattern reads the digits as one run: the code as the app wrote
+#: it, or none (too long) rather than a part of it.
+_INVISIBLE = r"[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+_INVISIBLE_IN_DIGITS = re.compile(rf"(?<=\d){_INVISIBLE}+(?=\d)")
+
+
+def _invisible_out(text: str) -> str:
+    """``text`` without the invisible characters between digits (``_INVISIBLE_IN_DIGITS``)."""
+    return _INVISIBLE_IN_DIGITS.sub("", text) if not text.isascii() else text
 
 
 def _undecoded(part: EmailMessage) -> bool:
@@ -2289,6 +2305,12 @@ class Message:
         (``483&nbsp;920``, ``483\u00a0920``, ``<b>483</b>\n<b>920</b>``), which a test
         that shows ``msg.html`` puts in its report."""
         forms = set(self._written.get(value, ()))
+        if value.isdigit():  # split by invisible characters (``1234\u200b56``): masked so too
+            split = re.compile(rf"(?<!\d){f'{_INVISIBLE}*'.join(value)}(?!\d)")
+            for body in (self.text, self.html, self.subject):
+                if not body.isascii():
+                    split_in = itertools.islice(split.finditer(body), _WRITTEN_FORMS)
+                    forms.update(m.group() for m in split_in if m.group() != value)
         for written in tuple(forms):
             groups = _GROUP.findall(written)
             joined = _WRITTEN_JOINER.join(re.escape(group) for group in groups)
