@@ -2374,6 +2374,39 @@ def test_a_token_in_a_links_host_is_not_shown_to_the_agent(
     assert label.lower() not in shown
 
 
+@SIGNUP
+def test_an_ambiguous_answer_lists_at_most_max_message_ids_and_counts_them_all(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A mailbox flooded with mail that all qualifies made an ``ambiguous`` answer of every
+    message's id (150 mails: 2.9 kB, and growing with the flood); it lists the first
+    MAX_MESSAGE_IDS, as near_misses are listed, and its reason counts them all."""
+    sent = agent_module.MAX_MESSAGE_IDS + 2
+    for n in range(sent):
+        app.send(isolated_mailbox.address, f"Verify {n}", f"Open https://{APP}/verify/{n}\n")
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    first = f"(message_ids: the first {agent_module.MAX_MESSAGE_IDS})"
+
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
+    chosen = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+
+    assert (found["status"], found["reason"]) == (
+        "ambiguous",
+        f"{sent} messages carry a link; claim one by message_id {first}",
+    )
+    assert (chosen["status"], chosen["reason"]) == (
+        "ambiguous",
+        f"{sent} messages match; claim one by message_id {first}",
+    )
+    for answer in (found, chosen):
+        assert len(answer["message_ids"]) == agent_module.MAX_MESSAGE_IDS
+        assert answer["next_action"] == {"do": "call", "tool": "claim_message"}
+    one = {"message_id": found["message_ids"][-1]}
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": one})
+    assert claimed["status"] == "claimed"
+
+
 @pytest.mark.email_contract(purpose="signup", lease=30, link_domains=[APP])
 @pytest.mark.parametrize(
     ("href", "start"),

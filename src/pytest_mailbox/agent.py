@@ -99,6 +99,7 @@ __all__ = [
     "ACALL_THREADS",
     "MAX_CALLS",
     "MAX_LINK_SHOWN",
+    "MAX_MESSAGE_IDS",
     "MAX_NEAR_MISSES",
     "AgentTools",
     "Answer",
@@ -407,11 +408,19 @@ _FIX = NextAction(do="fix_arguments")
 
 #: The most near misses an answer lists (``reason`` counts them all): answers stay small.
 MAX_NEAR_MISSES = 10
+#: The most ``message_ids`` an ``ambiguous`` answer lists (``reason`` counts them all): a
+#: mailbox flooded with mail that all qualifies made an answer of every message's id.
+MAX_MESSAGE_IDS = 10
 #: The longest ``link`` an answer shows, redacted, in characters: a link of thousands of
 #: path segments or query keys (``/a/a/a/…``, ``?k1=1&k2=1…``) is cut, at a ``/``, ``?`` or
 #: ``&``, and ends in ``…``. A mail's link is the sender's to make as long as it likes (an
 #: ``href`` may run over many lines), and each answer goes into the model's context.
 MAX_LINK_SHOWN = 256
+
+
+def _listed(count: int) -> str:
+    """What an ``ambiguous`` answer's reason adds when it lists only some of ``count`` ids."""
+    return "" if count <= MAX_MESSAGE_IDS else f" (message_ids: the first {MAX_MESSAGE_IDS})"
 
 
 def _shown_link(url: str) -> str:
@@ -1656,6 +1665,8 @@ class AgentTools:
         if len(offered) > 1:
             ids = [row.message_id for row, _ in offered]
             reason = f"{len(ids)} messages carry a {args.kind}; claim one by message_id"
+            reason += _listed(len(ids))
+            ids = ids[:MAX_MESSAGE_IDS]
             return self._reply(Status.AMBIGUOUS, _call("claim_message"), reason, message_ids=ids)
         ((row, message),) = offered
         return self._done(
@@ -1824,7 +1835,11 @@ class AgentTools:
         if then is _FIX:  # its tool named: the budget decides whether it may be retried
             then = NextAction(do="fix_arguments", tool=tool.name)
         if status is Status.AMBIGUOUS:
-            ids["message_ids"] = [str(i) for i in result.get("message_ids", [])]
+            found = [str(i) for i in result.get("message_ids", [])]
+            ids["message_ids"] = found[:MAX_MESSAGE_IDS]
+            if len(found) > MAX_MESSAGE_IDS:
+                reason = f"{len(found)} messages match; claim one by message_id"
+                reason += _listed(len(found))
         if status is Status.WAITING and isinstance(args, MessageSelector):  # a claim by selector
             near = self._near_misses(self.mailbox._selector(args.fields()))
             if near:  # as wait_for's timeout lists them, each with its reason
