@@ -321,6 +321,38 @@ def test_link_by_domain_returns_the_one_link_and_reports_the_secret() -> None:
 @pytest.mark.parametrize(
     ("host", "shown"),
     [
+        ("app.\u202eexample.test", "app.\\u202eexample.test"),  # a right-to-left override
+        ("app.\u2066tset\u2069.test", "app.\\u2066tset\\u2069.test"),  # an isolate
+        ("app.exam\u200bple.test", "app.exam\\u200bple.test"),  # a zero-width space
+        ("app.example.test\ufeff", "app.example.test\\ufeff"),  # a byte order mark
+    ],
+    ids=["rlo", "isolate", "zero-width", "bom"],
+)
+def test_a_host_with_characters_that_show_nothing_is_shown_with_them_escaped(
+    host: str, shown: str
+) -> None:
+    """The hosts that a link asked for on another host lists (in the test's terminal) and
+    the host a receipt records showed a direction override as it is, which reorders the
+    line it is printed on, and a zero-width space unseen: ``hosts found:
+    app.exam\u200bple.test`` read as the host that was asked for."""
+    seen: list[tuple[str, str, str | None]] = []
+    url = f"https://{host}/welcome"
+    message = Message(
+        build(text=f"Open {url} now\n"), message_id="m-1", on_secret=lambda *a: seen.append(a)
+    )
+
+    with pytest.raises(ExtractionError) as info:
+        message.link(domain="other.example.test")
+    assert str(info.value).endswith(f"hosts found: {shown}")
+    assert str(info.value).isprintable()
+    assert message.link() == url  # the link itself as the mail wrote it
+    assert seen == [("link", url, shown)]
+    assert message_module.redact_url(url) == f"https://{shown}/…"
+
+
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [
         ("483920.app.example.test", "….app.example.test"),  # a code in a label
         ("Zq8Xk2LmN4pR7tVw.login.example.test", "….login.example.test"),  # judged as written
         ("App.Example.test.", "app.example.test"),  # a trailing dot, as the link matches

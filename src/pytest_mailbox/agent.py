@@ -424,10 +424,10 @@ def _listed(count: int) -> str:
 
 
 def _shown_link(url: str) -> str:
-    """``url`` as an answer shows it: redacted (``redact_url``), its host in the ASCII form
+    """``url`` as an answer shows it: redacted (``redact_url``: a character that shows
+    nothing, such as a direction override, escaped, ``\\u202e``), its host in the ASCII form
     the policy compares it in (``xn--pp-6kc.example.test`` for a Cyrillic ``аpp``, which
-    looks like ``app``; a label IDNA cannot write with its invisible or direction
-    characters escaped, ``\\u202e``), at most ``MAX_LINK_SHOWN`` characters."""
+    looks like ``app``), at most ``MAX_LINK_SHOWN`` characters."""
     shown = redact_url(url)
     scheme, sep, rest = shown.partition("://")
     if sep and not rest.isascii():

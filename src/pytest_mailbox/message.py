@@ -421,9 +421,18 @@ def _untokened_host(netloc: str, host: str) -> str:
         # Past DNS's 63 characters a label is no name, and _CODE_LABEL would take long on it.
         _REDACTED
         if len(label) > 63 or _is_token(as_written) or _CODE_LABEL.fullmatch(label)
-        else label
+        else _visible(label)
         for as_written, label in zip(written, labels, strict=True)
     )
+
+
+def _visible(label: str) -> str:
+    """A host label with each character that shows nothing escaped (``\\u202e``, ``\\u200b``):
+    a direction override in a link's host reordered the error's line in a terminal, and a
+    zero-width space hid that the host is not the one asked for."""
+    if label.isascii() and label.isprintable():
+        return label
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in label)
 
 
 #: A host label that holds a code (``483920.app.example.test``, ``tenant-48291.app.test``,
