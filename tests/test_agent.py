@@ -2457,6 +2457,22 @@ def test_an_answers_link_is_cut_short_however_long_the_mails_link_is(
 
 
 @pytest.mark.email_contract(purpose="signup", lease=30)  # no link_domains: any host
+def test_an_answers_link_on_a_host_of_hundreds_of_labels_is_cut_short_too(
+    isolated_mailbox: Mailbox, app: SignupApp
+) -> None:
+    """A host of 200 labels: no separator of the path or query to cut at within the
+    limit, so the host itself is cut."""
+    host = "ab." * 200 + "example.test"
+    app.send(isolated_mailbox.address, "Hi", f"Open https://{host}/verify\n")
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    found = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 10})
+
+    assert found["link"] == f"https://{host}"[: agent_module.MAX_LINK_SHOWN - 1] + "…"
+
+
+@pytest.mark.email_contract(purpose="signup", lease=30)  # no link_domains: any host
 @pytest.mark.parametrize(
     ("host", "shown"),
     [
@@ -2465,8 +2481,9 @@ def test_an_answers_link_is_cut_short_however_long_the_mails_link_is(
         ("app.\u202eexample.test", "app.\\u202eexample.test"),  # a right-to-left override
         ("app.example.test\u200b", "app.example.test\\u200b"),  # a zero-width space
         ("app.\u2066tset.elpmaxe\u2069.test", "app.\\u2066tset.elpmaxe\\u2069.test"),
+        ("\u05d0a1.example.test", "\\u05d0a1.example.test"),  # a label IDNA cannot write
     ],
-    ids=["homoglyph", "two-homoglyphs", "rlo", "zero-width", "isolates"],
+    ids=["homoglyph", "two-homoglyphs", "rlo", "zero-width", "isolates", "not-idna"],
 )
 def test_an_answers_link_shows_its_host_as_the_policy_reads_it_never_a_look_alike(
     isolated_mailbox: Mailbox, app: SignupApp, host: str, shown: str

@@ -430,8 +430,8 @@ def _shown_link(url: str) -> str:
     looks like ``app``), at most ``MAX_LINK_SHOWN`` characters."""
     shown = redact_url(url)
     scheme, sep, rest = shown.partition("://")
-    if sep and not rest.isascii():
-        host, slash, tail = rest.partition("/")
+    host, slash, tail = rest.partition("/")
+    if not host.isascii():  # redact_url keeps the scheme and the host of an http(s) link
         labels = [_ascii_label(label) for label in host.split(".")]
         shown = f"{scheme}{sep}{'.'.join(labels)}{slash}{tail}"
     if len(shown) <= MAX_LINK_SHOWN:
