@@ -1503,6 +1503,24 @@ def test_a_near_miss_masks_a_token_in_the_senders_address(
     assert "sender reply+••••••••••••••••••Ls@app.example.test is not" in str(timed_out.value)
 
 
+def test_a_near_miss_escapes_a_direction_override_in_the_senders_address(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox
+) -> None:
+    """A sender taken with SMTPUTF8 may hold a right-to-left override (U+202E): a
+    timeout's near miss printed it as it is, and the terminal reordered the line."""
+    sender = "no\u202ereply@app.example.test"
+    raw = f"From: {sender}\r\nTo: {isolated_mailbox.address}\r\nSubject: Hi\r\n\r\nx\r\n"
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.ehlo()
+        smtp.sendmail(sender, [isolated_mailbox.address], raw.encode(), ["SMTPUTF8"])
+
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(sender="support@app.example.test", timeout=0.01)
+
+    assert "sender no\\u202ereply@app.example.test is not" in str(timed_out.value)
+    assert "\u202e" not in str(timed_out.value)
+
+
 def test_the_receipt_masks_a_code_the_test_took_from_another_mailbox(
     mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
 ) -> None:

@@ -53,6 +53,7 @@ from pytest_mailbox.errors import (
 from pytest_mailbox.message import (
     Message,
     Recorded,
+    _visible,
     domain_host,
     extracted_here,
     mask_address,
@@ -923,7 +924,8 @@ class Mailbox:
             wanted = selector.sender.lower()
             parsed = self._parsed_message(row)
             if wanted not in (parsed.sender.lower(), row.mail_from.lower()):
-                sent = mask_address(parsed.sender or row.mail_from)
+                # The mail's sender: a direction override in it reordered the line.
+                sent = _visible(mask_address(parsed.sender or row.mail_from))
                 return f"sender {sent} is not {mask_copied(mask_address(selector.sender))}"
         if selector.header is not None:
             name, value = selector.header

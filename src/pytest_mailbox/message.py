@@ -426,13 +426,13 @@ def _untokened_host(netloc: str, host: str) -> str:
     )
 
 
-def _visible(label: str) -> str:
-    """A host label with each character that shows nothing escaped (``\\u202e``, ``\\u200b``):
-    a direction override in a link's host reordered the error's line in a terminal, and a
-    zero-width space hid that the host is not the one asked for."""
-    if label.isascii() and label.isprintable():
-        return label
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in label)
+def _visible(text: str) -> str:
+    """A host label or an address with each character that shows nothing escaped
+    (``\\u202e``, ``\\u200b``): a direction override in a link's host reordered the error's
+    line in a terminal, and a zero-width space hid that the host is not the one asked for."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 #: A host label that holds a code (``483920.app.example.test``, ``tenant-48291.app.test``,
