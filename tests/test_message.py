@@ -318,6 +318,15 @@ def test_link_by_domain_returns_the_one_link_and_reports_the_secret() -> None:
     assert len(seen) == 4
 
 
+def test_a_messages_repr_escapes_a_direction_override_in_its_sender() -> None:
+    """pytest shows a Message's repr in a traceback (a local, an assertion): a sender
+    with a right-to-left override (a UTF-8 header, sent with SMTPUTF8) reordered the line."""
+    raw = "From: no\u202ereply@app.example.test\r\nSubject: Hi\r\n\r\nhello\r\n"
+    message = Message(raw.encode(), message_id="m-1")
+
+    assert repr(message) == "<Message m-1 from=no\\u202ereply@app.example.test subject='Hi'>"
+
+
 @pytest.mark.parametrize(
     ("host", "shown"),
     [

@@ -2053,7 +2053,7 @@ class Message:
         subject = mask_extracted(mask_subject(self.subject))
         if len(subject) > _REPR_SUBJECT:
             subject = subject[: _REPR_SUBJECT - 3] + "..."
-        sender = mask_extracted(mask_address(self.sender)) if self.sender else "-"
+        sender = _visible(mask_extracted(mask_address(self.sender))) if self.sender else "-"
         return f"<Message {self._label} from={sender} subject={subject!r}>"
 
     # -- parsing ---------------------------------------------------------------------------
