@@ -143,6 +143,69 @@ def test_a_test_cut_short_leaves_its_receipt_in_the_receipts_file(
     assert "orphaned" not in events  # its own teardown closed it, not the run's end
 
 
+#: What pytest-rerunfailures (16.7) does, in brief, loaded even without --reruns: its
+#: makereport wrapper keeps state per test from the setup's report on, and reads it at
+#: every later phase's report.
+SETUP_STATE_CONFTEST = """
+import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "setup":
+        item._terminal_errors = {}
+    item._terminal_errors[report.when] = False
+    return report
+"""
+
+INTERRUPTED_IN_SETUP_SUITE = """
+import pytest
+
+
+@pytest.fixture
+def signed_up(isolated_mailbox, send):
+    send(isolated_mailbox.address, subject="Verify your account")
+    isolated_mailbox.wait_for(subject="Verify your account")
+    {stop}
+
+
+def test_interrupted_in_setup(signed_up):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "stop",
+    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
+    ids=["ctrl-c", "pytest-exit"],
+)
+def test_a_test_cut_short_in_its_setup_leaves_its_receipt_beside_a_plugin_that_saw_no_setup(
+    pytester: pytest.Pytester, stop: str
+) -> None:
+    # pytest reports no setup stopped so; the teardown's report the plugin made for the
+    # test went through every plugin's makereport, and pytest-rerunfailures', which reads
+    # what its setup's report set, ended the run in an INTERNALERROR (AttributeError:
+    # 'Function' object has no attribute '_terminal_errors'), without the receipt.
+    pytester.makeconftest(SEND_CONFTEST + SETUP_STATE_CONFTEST)
+    pytester.makepyfile(INTERRUPTED_IN_SETUP_SUITE.format(stop=stop))
+
+    result, store = _run_apart(pytester, "--mailbox-receipts=receipts.jsonl")
+
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert result.ret == (7 if "returncode" in stop else pytest.ExitCode.INTERRUPTED)
+    (line,) = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    receipt = Receipt.model_validate_json(line)
+    assert receipt.nodeid.endswith("::test_interrupted_in_setup")
+    assert (receipt.state, receipt.close_reason) == ("released", "released_error")
+    assert [m.state for m in receipt.messages] == ["waiting"]  # its claim given back
+    with closing(sqlite3.connect(store)) as db:
+        events = [status for (status,) in db.execute("SELECT status FROM events")]
+        claims = db.execute("SELECT state FROM claims").fetchall()
+    assert "orphaned" not in events  # its own teardown closed it, not the run's end
+    assert claims == [("released",)]
+
+
 INTERRUPTED_IN_TEARDOWN_SUITE = """
 import pytest
 

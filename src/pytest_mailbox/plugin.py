@@ -64,6 +64,8 @@ _passed_key = pytest.StashKey[bool]()
 _in_call_key = pytest.StashKey[bool]()
 #: The test's teardown began: an interrupt in it left its fixtures' finalizers half run.
 _teardown_began_key = pytest.StashKey[bool]()
+#: The test's setup was reported: an interrupt in its setup leaves no report of it.
+_setup_reported_key = pytest.StashKey[bool]()
 #: The receipts the test attached that no teardown report has carried yet, and those one has.
 _attached_key = pytest.StashKey["list[tuple[str, object]]"]()
 _carried_key = pytest.StashKey["list[tuple[str, object]]"]()
@@ -648,6 +650,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_failed_key] = False
     item.stash[_passed_key] = False
     item.stash[_teardown_began_key] = False
+    item.stash[_setup_reported_key] = False
     item.stash[_mailboxes_key] = []
     item.config.stash[_fixtures_key].item = item
     message = sys.modules.get("pytest_mailbox.message")
@@ -826,7 +829,22 @@ def _teardown_stopped(item: pytest.Item) -> None:
     """Tear down ``item``, and the session with it, that an interrupt stopped mid-test."""
     from _pytest.runner import call_and_report  # noqa: PLC0415 - pytest's own teardown step
 
-    report = call_and_report(item, "teardown", log=False, nextitem=None)
+    if item.stash.get(_setup_reported_key, False):
+        report = call_and_report(item, "teardown", log=False, nextitem=None)
+    else:
+        # Stopped in its setup, which pytest then reports to no plugin: those that keep
+        # their own state per test from the setup's report (pytest-rerunfailures, loaded
+        # even without --reruns) fail on a teardown's report after none, and the run
+        # ended in an INTERNALERROR, without the receipt. The report is this plugin's own.
+        reraise: tuple[type[BaseException], ...] = (pytest.exit.Exception,)
+        if not item.config.getoption("usepdb", False):
+            reraise += (KeyboardInterrupt,)
+        call = pytest.CallInfo.from_call(
+            lambda: item.ihook.pytest_runtest_teardown(item=item, nextitem=None),
+            when="teardown",
+            reraise=reraise,
+        )
+        report = _made_report(item, call, pytest.TestReport.from_item_and_call(item, call))
     if report.failed:  # an error like any teardown's: every plugin sees it
         item.ihook.pytest_runtest_logreport(report=report)
         return
@@ -861,6 +879,15 @@ def pytest_runtest_makereport(
     what the test extracted masked here, in the process that ran it, before xdist, JUnit
     or the terminal take it."""
     report = yield
+    if report.when == "setup":
+        item.stash[_setup_reported_key] = True
+    return _made_report(item, call, report)
+
+
+def _made_report(
+    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport
+) -> pytest.TestReport:
+    """What the plugin makes of a phase's report (see ``pytest_runtest_makereport``)."""
     # A subtest's report is a "call" report too, made while the test's call still runs:
     # the test passed only if its own call report, made after the call, says so.
     if report.when == "call" and not item.stash.get(_in_call_key, False):
