@@ -242,6 +242,69 @@ def test_a_test_interrupted_in_its_teardown_is_not_torn_down_twice(
         ]
 
 
+STOPPED_IN_TEARDOWN_SUITE = """
+import pytest
+
+
+@pytest.fixture
+def stopped_in_teardown(isolated_mailbox):
+    yield
+    {stop}
+
+
+def test_stopped_in_teardown(isolated_mailbox, stopped_in_teardown, send):
+    send(isolated_mailbox.address, subject="Verify your account")
+    isolated_mailbox.wait_for(subject="Verify your account").ack()
+    send(isolated_mailbox.address, subject="Welcome")
+    isolated_mailbox.wait_for(subject="Welcome")  # held when the teardown stops
+"""
+
+
+@pytest.mark.parametrize(
+    "stop",
+    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
+    ids=["ctrl-c", "pytest-exit"],
+)
+def test_a_test_stopped_in_its_teardown_leaves_its_receipt_as_no_success(
+    pytester: pytest.Pytester, stop: str
+) -> None:
+    # pytest reports nothing of a teardown stopped so. Under pytest.exit() (which lets
+    # the other finalizers run) the mailbox's teardown acked the held claim and released
+    # it as released_success, and its receipt went nowhere; under Ctrl-C (which stops
+    # them) the mailbox stayed open until the run's end closed it as an orphan, and its
+    # receipt went nowhere either. Under xdist the crash report says released_error.
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(STOPPED_IN_TEARDOWN_SUITE.format(stop=stop))
+
+    result, store = _run_apart(pytester, "--mailbox-receipts=receipts.jsonl")
+
+    assert result.ret == (7 if "returncode" in stop else pytest.ExitCode.INTERRUPTED)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    (line,) = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    receipt = Receipt.model_validate_json(line)
+    assert receipt.nodeid.endswith("::test_stopped_in_teardown")
+    assert (receipt.state, receipt.close_reason) == ("released", "released_error")
+    # What the test held: pytest.exit() lets the mailbox's teardown run, which acked it
+    # (the call passed), as before any later failure of a teardown; Ctrl-C stops it, and
+    # the claim is given back.
+    held = "consumed" if "exit" in stop else "waiting"
+    assert [(m.subject, m.state) for m in receipt.messages] == [
+        ("Verify your account", "consumed"),
+        ("Welcome", held),
+    ]
+    assert receipt.events[-1].detail.startswith(
+        "released_error: the test did not pass" if "exit" in stop else "released_error"
+    )
+    with closing(sqlite3.connect(store)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")
+        ]
+        events = [status for (status,) in db.execute("SELECT status FROM events")]
+        claims = sorted(state for (state,) in db.execute("SELECT state FROM claims"))
+    assert "orphaned" not in events  # closed for its test, not by the run's end
+    assert claims == sorted(["consumed", "consumed" if "exit" in stop else "released"])
+
+
 CONTROLLER_EXITS_CONFTEST = """
 import pytest
 

@@ -593,8 +593,7 @@ class _Fixtures:
     ) -> Iterator[Mailbox]:
         """A fresh alias on the session's sink, reserved for this test's run under its
         contract (``mailbox_server`` only orders the fixtures: the sink is up first)."""
-        from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
-        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415
+        from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
 
         config, item = self.config, self.test()
         mailbox = Mailbox.reserve(
@@ -608,17 +607,26 @@ class _Fixtures:
         opened = item.stash.setdefault(_mailboxes_key, [])
         opened.append(mailbox)
         yield mailbox
+        if mailbox not in opened:  # closed as its test's teardown was stopped; pytest's
+            return  # session end tears down what that stopped teardown left
         # Success is a call that passed: not a failure, an xfail or a skip in the middle of
         # the test, nor a call that never ended (Ctrl-C, pytest.exit) or never ran.
         passed = item.stash.get(_passed_key, False) and not item.stash.get(_failed_key, False)
-        receipt = mailbox.close(success=passed).model_copy(
-            update={"testrun_uid": config.stash[_testrun_key]}
-        )
-        attached = (RECEIPT_PROPERTY, dump_receipt(receipt))
-        item.user_properties.append(attached)
-        item.stash.setdefault(_attached_key, []).append(attached)
-        item.stash.setdefault(_closed_key, []).append((mailbox, attached))
-        opened.remove(mailbox)
+        _close(item, mailbox, success=passed)
+
+
+def _close(item: pytest.Item, mailbox: Mailbox, *, success: bool) -> None:
+    """Close one of the test's mailboxes, and attach its receipt to the test."""
+    from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
+
+    receipt = mailbox.close(success=success).model_copy(
+        update={"testrun_uid": item.config.stash[_testrun_key]}
+    )
+    attached = (RECEIPT_PROPERTY, dump_receipt(receipt))
+    item.user_properties.append(attached)
+    item.stash.setdefault(_attached_key, []).append(attached)
+    item.stash.setdefault(_closed_key, []).append((mailbox, attached))
+    item.stash[_mailboxes_key].remove(mailbox)
 
 
 def _stored_id(nodeid: str) -> str:
@@ -802,19 +810,18 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
     where the controller writes the receipts file and xdist itself stops with an
     internal error.
 
-    Not either once the test's teardown began (Ctrl-C in a fixture's teardown): pytest
-    has taken the test's finalizers off its stack, so a second teardown would not close
-    the mailbox, and pytest's own teardown hooks, run twice, fail (its logging plugin's
-    with a ``KeyError``): the run's end closes it, as before."""
+    Not torn down again once the test's teardown began (Ctrl-C or ``pytest.exit()`` in a
+    fixture's teardown): pytest has taken the test's finalizers off its stack, so a second
+    teardown would not close the mailbox, and pytest's own teardown hooks, run twice, fail
+    (its logging plugin's with a ``KeyError``). See ``_stopped_in_teardown``."""
     try:
         return (yield)
     except (pytest.exit.Exception, KeyboardInterrupt):
-        if (
-            item.stash.get(_mailboxes_key, None)
-            and not item.stash.get(_teardown_began_key, False)
-            and not _is_worker(item.config)
-        ):
-            _teardown_stopped(item)
+        if not _is_worker(item.config):
+            if item.stash.get(_teardown_began_key, False):
+                _stopped_in_teardown(item)
+            elif item.stash.get(_mailboxes_key, None):
+                _teardown_stopped(item)
         raise
 
 
@@ -848,6 +855,37 @@ def _teardown_stopped(item: pytest.Item) -> None:
     if report.failed:  # an error like any teardown's: every plugin sees it
         item.ihook.pytest_runtest_logreport(report=report)
         return
+    _report_alone(item, report)
+
+
+def _stopped_in_teardown(item: pytest.Item) -> None:
+    """Ctrl-C or ``pytest.exit()`` in the test's teardown, which pytest then reports to no
+    one: the receipts its mailboxes' teardown made went nowhere. A teardown stopped so is
+    no pass, as a crash in one is under xdist: a mailbox its teardown released as a success
+    (``pytest.exit()`` lets the other finalizers run) becomes ``released_error``, one whose
+    teardown never ran (Ctrl-C stops them) is closed here, and their receipts go to the
+    receipts file."""
+    opened: list[Mailbox] = item.stash.get(_mailboxes_key, [])
+    for mailbox in list(opened):
+        reopened = mailbox.store.closed  # the session's store, closed at its teardown
+        try:
+            _close(item, mailbox, success=False)
+        except StoreError:  # the store failed under it: the run's end closes what it can
+            continue
+        finally:
+            if reopened:
+                mailbox.store.close()
+    closed = item.stash.get(_closed_key, [])
+    if not closed:  # none, or its teardown's report carried them before the interrupt
+        return
+    call: pytest.CallInfo[None] = pytest.CallInfo.from_call(lambda: None, when="teardown")
+    report = pytest.TestReport.from_item_and_call(item, call)
+    _teardown_failed(item, report, closed)
+    _report_alone(item, _made_report(item, call, report))
+
+
+def _report_alone(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Give a report pytest never made to the plugin's own bookkeeping alone."""
     manager = item.config.pluginmanager
     for name in ("mailbox-receipts", "mailbox-reported"):
         plugin = manager.get_plugin(name)
