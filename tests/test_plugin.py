@@ -325,6 +325,48 @@ def test_a_rerun_reports_the_receipt_of_its_own_attempt_only(
     assert [json.loads(line)["run_id"] for line in lines] == [receipt.run_id]
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_rerun_whose_app_sends_to_the_first_attempts_address_is_told_so(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """An app that keeps the address a first attempt gave it (a user row, a module's
+    cache) sends the rerun's mail there: the rerun never takes it (the earlier attempt's
+    mailbox is closed, and not this run's), and its timeout said no mail had arrived at
+    all, and asked whether the app sends to the sink."""
+    pytester.makeconftest(SENDER_CONFTEST + RERUN_CONFTEST)
+    pytester.makepyfile(
+        """
+        from pathlib import Path
+
+        APP = {}
+
+        def test_flaky(isolated_mailbox, send):
+            first = "user" not in APP
+            address = APP.setdefault("user", isolated_mailbox.address)
+            if first:
+                Path("first.txt").write_text(f"{address} {isolated_mailbox.run_id}")
+            send(address, subject="Verify your account")
+            isolated_mailbox.wait_for(subject="Verify your account", timeout=0.5)
+            assert not first, "fails the first time"
+        """
+    )
+    result = pytester.runpytest("-n", workers, "--mailbox-receipts=receipts.jsonl")
+    result.assert_outcomes(failed=1)
+    first_address, first_run = (pytester.path / "first.txt").read_text().split()
+    (rerun,) = read_receipts(pytester.path / "receipts.jsonl")  # the last attempt's
+    assert rerun.messages == []  # never the first attempt's mail
+    result.stdout.fnmatch_lines(
+        [
+            "E       near misses (1):",
+            "E         - m-* 'Verify your account': sent to "
+            f"{first_address}, the address of an earlier run of this test (run {first_run}, "
+            f"closed): the app kept the address that run was given; give it this run's, "
+            f"{rerun.address}",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*no mail arrived*")
+
+
 #: What pytest-retry (1.7) does, in brief: inside the failed call's makereport, tear the
 #: test down and set it up and call it again through the hooks, with no report of its own
 #: for those phases (no makereport, no logreport), until an attempt passes; the call's

@@ -974,7 +974,19 @@ class Mailbox:
             for row in self.store.unrouted(None, since=self._row.created_at)
             if _similar(row.alias, self.alias)
         ]
-        near = misses + unrouted
+        # Mail for an earlier attempt of this test (a rerun): its app kept that address.
+        earlier = [
+            (
+                row,
+                f"sent to {_tag_masked(row.rcpt)}, the address of an earlier run of this "
+                f"test (run {run_id}, closed): the app kept the address that run was given; "
+                f"give it this run's, {self.address}",
+            )
+            for row, _, run_id in self.store.earlier_runs_mail(
+                self.mailbox_id, since=self._row.created_at
+            )
+        ]
+        near = misses + unrouted + earlier
         if not near:
             lines.append(
                 "no mail arrived for this mailbox or an unknown alias like it: is the "

@@ -988,6 +988,29 @@ class Store:
         return [_message(r) for r in reversed(rows)]
 
     @_reads
+    def earlier_runs_mail(
+        self, mailbox_id: str, *, since: float, limit: int = 20
+    ) -> list[tuple[MessageRow, str, str]]:
+        """Mail received since ``since`` for the closed mailboxes of the test that reserved
+        ``mailbox_id`` (its owner, a node id) in the same pytest run: its earlier attempts
+        (a rerun, a repetition under one node id), to which an app that kept their address
+        still sends. (message, that mailbox's address, its run id), oldest first."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT m.*, o.alias || '@' || o.domain, o.run_id FROM mailboxes b "
+                "JOIN mailboxes o ON o.owner = b.owner AND o.testrun = b.testrun "
+                f"AND o.mailbox_id != b.mailbox_id AND NOT o.{_OPEN} "
+                "JOIN messages m ON m.mailbox_id = o.mailbox_id "
+                "WHERE b.mailbox_id = ? AND b.owner != '' AND m.received_at >= ? "
+                "ORDER BY m.seq DESC LIMIT ?",
+                (mailbox_id, since, limit),
+            )
+            .fetchall()
+        )
+        return [(_message(r[:-2]), str(r[-2]), str(r[-1])) for r in reversed(rows)]
+
+    @_reads
     def raw(self, body_id: int) -> bytes:
         """A message's bytes, read from disk on demand."""
         row = (
