@@ -992,9 +992,11 @@ class Store:
         self, mailbox_id: str, *, since: float, limit: int = 20
     ) -> list[tuple[MessageRow, str, str]]:
         """Mail received since ``since`` for the closed mailboxes of the test that reserved
-        ``mailbox_id`` (its owner, a node id) in the same pytest run: its earlier attempts
-        (a rerun, a repetition under one node id), to which an app that kept their address
-        still sends. (message, that mailbox's address, its run id), oldest first."""
+        ``mailbox_id`` (its owner, a node id) in the same pytest run, once they were closed:
+        its earlier attempts (a rerun, a repetition under one node id), to which an app
+        that kept their address still sends; not what the same test running at once in
+        another worker (``--dist each``) got while open. (message, that mailbox's address,
+        its run id), oldest first."""
         rows = (
             self._conn()
             .execute(
@@ -1003,6 +1005,7 @@ class Store:
                 f"AND o.mailbox_id != b.mailbox_id AND NOT o.{_OPEN} "
                 "JOIN messages m ON m.mailbox_id = o.mailbox_id "
                 "WHERE b.mailbox_id = ? AND b.owner != '' AND m.received_at >= ? "
+                "AND m.received_at >= o.closed_at "
                 "ORDER BY m.seq DESC LIMIT ?",
                 (mailbox_id, since, limit),
             )
