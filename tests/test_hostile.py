@@ -754,7 +754,7 @@ def test_rcpt_flood_is_refused_past_the_default_cap_of_100(sink: MailSink, clien
     assert (
         replies[100:]
         == [
-            b"452 4.5.3 Too many recipients: at most 100 per message; "
+            b"452 4.5.3 Too many recipients: at most 100 per message (mailbox_max_recipients); "
             b"send the rest in another message\r\n"
         ]
         * 50

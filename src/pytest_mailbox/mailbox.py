@@ -987,18 +987,23 @@ class Mailbox:
             )
         ]
         near = misses + unrouted + earlier
-        if not near:
+        refused = [row for row in self.store.events(self.mailbox_id) if row["status"] == "refused"]
+        if not near and not refused:
             lines.append(
                 "no mail arrived for this mailbox or an unknown alias like it: is the "
                 "app sending to the sink (mailbox_server.host and .port, or .settings) and to "
                 "this address? A framework's test set-up may swap in a backend that sends "
                 "nothing (Django's locmem, Flask-Mail's MAIL_SUPPRESS_SEND): see Recipes"
             )
-        else:
+        if near:
             lines.append(f"near misses ({len(near)}):")
             lines.extend(
                 f"  - {row.message_id} {self._subject(row)!r}: {reason}" for row, reason in near
             )
+        if refused:
+            # Nothing of these was stored: the app was told so, and may not have said.
+            lines.append(f"refused by the sink for this alias, and not stored ({len(refused)}):")
+            lines.extend(f"  - {_clock(row['at'])} {row['detail']}" for row in refused)
         lines.extend(self._ahead(selector))
         return self._unleaked("\n".join(lines))
 

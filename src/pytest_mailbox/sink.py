@@ -8,6 +8,7 @@ import binascii
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import re
 import socket
@@ -36,7 +37,7 @@ from pytest_mailbox.endpoint import (
     unguarded_sockets,
 )
 from pytest_mailbox.errors import StoreError
-from pytest_mailbox.message import index
+from pytest_mailbox.message import index, mask_tag
 from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
 
@@ -187,11 +188,32 @@ def _address_problem(address: str, smtputf8: bool) -> str | None:
     if _CONTROL.search(address):
         return "553 5.1.3 The address contains control characters"
     if not address.isascii() and not smtputf8:
-        return (
-            "553 5.6.7 A non-ASCII address needs SMTPUTF8: "
-            "send MAIL FROM:<...> SMTPUTF8 (the sink offers it in EHLO)"
-        )
+        return _NEEDS_SMTPUTF8
     return None
+
+
+_NEEDS_SMTPUTF8 = (
+    "553 5.6.7 A non-ASCII address needs SMTPUTF8: "
+    "send MAIL FROM:<...> SMTPUTF8 (the sink offers it in EHLO)"
+)
+
+
+def _refused_step(address: str, stage: str, reply: str) -> tuple[str, str] | None:
+    """``(alias, detail)`` of the ``refused`` step for mail to ``address`` that the sink
+    answered ``reply`` at ``stage``; None if it is no address. The detail names the
+    recipient with its tag masked (a reply-by-mail token), as a timeout's near misses do."""
+    parts = split_address(address)
+    if parts is None:
+        return None
+    alias, tag, domain = parts
+    shown = f"{alias}+{mask_tag(tag)}" if tag else alias
+    return alias, f"{stage} to {shown}@{domain}: {_shown_reply(reply)}"
+
+
+def _shown_reply(reply: str) -> str:
+    """The sink's own reply, for a timeline: one line of at most 200 characters."""
+    line = " ".join(reply.split())
+    return line if len(line) <= 200 else line[:199] + "…"
 
 
 #: RFC 4954's replies to an AUTH exchange the sink cannot take (it takes any credentials).
@@ -236,19 +258,25 @@ class _Handler:
     ) -> str:
         limit = self.sink.max_recipients
         if len(envelope.rcpt_tos) >= limit:
-            return (
-                f"452 4.5.3 Too many recipients: at most {limit} per message; "
-                "send the rest in another message"
+            reply = (
+                f"452 4.5.3 Too many recipients: at most {limit} per message "
+                "(mailbox_max_recipients); send the rest in another message"
             )
+            await self.sink.note_refused([address], "RCPT", reply)
+            return reply
         problem = _address_problem(address, envelope.smtp_utf8)
         if problem is not None:
+            if problem == _NEEDS_SMTPUTF8:  # a test's alias, with a tag in another script
+                await self.sink.note_refused([address], "RCPT", problem)
             return problem
         parts = _recipient(address)
         if parts is None:
             return "553 5.1.3 Recipient address is not of the form local@domain"
         domain = parts[2]
         if domain not in self.sink.domains and parts != _POSTMASTER:
-            return f"550 5.7.1 Relaying denied: {_shown(domain)} is not a test domain of this sink"
+            reply = f"550 5.7.1 Relaying denied: {_shown(domain)} is not a test domain of this sink"
+            await self.sink.note_refused([address], "RCPT", reply)  # a test's alias, mistyped
+            return reply
         store = self.sink.store
         owed = store.faults_pending(parts[0], domain)  # one read for both stages
         if "RCPT" in owed:  # rare: go and take it
@@ -301,6 +329,8 @@ class _Handler:
             log.error("pytest-mailbox sink could not store a message: %s", kind)
             return "451 4.3.0 Internal error in the test mail sink; the message was not stored"
         if fault is not None:  # a scripted failure: the whole message is refused, not stored
+            if isinstance(envelope, _Envelope):
+                envelope.fault_answered = True
             return fault
         return "250 2.0.0 Message accepted"
 
@@ -317,11 +347,14 @@ _SETUP_CHECKED = ("1.4.6",)
 
 
 class _Envelope(Envelope):
-    """aiosmtpd's envelope, and whether a recipient had a ``DATA`` fault owed when accepted."""
+    """aiosmtpd's envelope, whether a recipient had a ``DATA`` fault owed when accepted, and
+    whether one answered."""
 
     def __init__(self) -> None:
         super().__init__()
         self.data_faults = False
+        #: The DATA reply is a scripted fault's, which the fault's own step records.
+        self.fault_answered = False
 
 
 class _Loop(asyncio.SelectorEventLoop):
@@ -431,6 +464,8 @@ class _Protocol(SMTP):
         # handle_DATA (``_line_too_long``) do, where a bare LF ends a line too.
         self.line_length_limit = _stuffed_limit(kwargs["data_size_limit"])
         self._sink = sink
+        #: The envelope of the message in DATA, until its reply: a refusal is recorded.
+        self._refusable: Envelope | None = None
 
     def _setup(
         self,
@@ -549,7 +584,17 @@ class _Protocol(SMTP):
             for quoting, replacement in _ECHOING_REPLIES:
                 if status.startswith(quoting):
                     status = replacement
+            if self._refusable is not None and status[:1] in ("4", "5"):
+                await self._refused(self._refusable, status)
         await super().push(status)
+
+    async def _refused(self, envelope: Envelope, reply: str) -> None:
+        """A message refused at DATA, by the sink (too big, a line too long, bare LF under
+        ``refuse``) or aiosmtpd (past its bound): each test's mailbox among its recipients
+        records it (``MailSink.note_refused``); a scripted fault records its own step."""
+        self._refusable = None
+        if not (isinstance(envelope, _Envelope) and envelope.fault_answered):
+            await self._sink.note_refused(envelope.rcpt_tos, "DATA", reply)
 
     def _timeout_cb(self) -> None:
         """Answer ``421`` and close; abort if replies sent before are still undelivered.
@@ -706,10 +751,12 @@ class _Protocol(SMTP):
         # the message as received against the SIZE offered (EHLO, MAIL FROM SIZE=).
         size = self.data_size_limit
         self.data_size_limit = _stuffed_limit(size) if size else size
+        self._refusable = None if arg else self.envelope  # a refusal is pushed once, at most
         try:
             await super().smtp_DATA(arg)
         finally:
             self.data_size_limit = size
+            self._refusable = None
 
     async def _http_request(self, arg: str) -> None:
         log.warning("pytest-mailbox sink: an HTTP request reached the SMTP port")
@@ -855,6 +902,22 @@ class MailSink(SmtpEndpoint):
             settle(exc)
         else:
             settle(None)
+
+    async def note_refused(self, recipients: Iterable[str], stage: str, reply: str) -> None:
+        """Before the sink answers ``reply`` to mail for ``recipients``: a ``refused`` step in
+        the open mailbox of each whose alias is a test's (at any domain), so that its
+        timeline and a wait's timeout say what the sink refused, where nothing was stored.
+        The reply goes out whatever happens here: a store error is logged, by type."""
+        steps = [step for rcpt in recipients if (step := _refused_step(rcpt, stage, reply))]
+        try:
+            mailboxes = self.store.open_aliases([alias for alias, _ in steps])
+            if mailboxes:  # rare: a test's own mail; else no write at all
+                found = [(mailboxes[alias], step) for alias, step in steps if alias in mailboxes]
+                await self.in_writer(
+                    functools.partial(self.store.note_refused, found, give_up=self._stopping)
+                )
+        except Exception as exc:
+            log.warning("pytest-mailbox sink could not record a refusal: %s", type(exc).__name__)
 
     def receive(
         self,

@@ -1098,6 +1098,36 @@ class Store:
             )
             return str(fault["reply"])
 
+    @_reads
+    def open_aliases(self, aliases: Sequence[str]) -> dict[str, str]:
+        """``{alias: mailbox_id}`` of the open mailboxes among ``aliases`` (at any domain:
+        an alias is unique in the store). One indexed read and never a write: in WAL mode it
+        does not wait for writers, so the sink's event loop may call it."""
+        unique = sorted(set(aliases))
+        if not unique:
+            return {}
+        rows = (
+            self._conn()
+            .execute(
+                f"SELECT alias, mailbox_id FROM mailboxes WHERE alias IN ({_marks(unique)})"
+                f" AND {_OPEN}",
+                unique,
+            )
+            .fetchall()
+        )
+        return {str(row[0]): str(row[1]) for row in rows}
+
+    def note_refused(
+        self, steps: Sequence[tuple[str, str]], *, give_up: threading.Event | None = None
+    ) -> None:
+        """Record a ``refused`` step, ``(mailbox_id, detail)``, in each mailbox, as the sink
+        answers mail for it with a refusal: nothing was stored, and the mailbox's timeline
+        and a wait's timeout say why."""
+        with self._write(give_up=give_up) as tx:
+            now = self.clock()
+            for mailbox_id, detail in steps:
+                tx.event(mailbox_id, now, "refused", detail)
+
     def digest(self, value: str) -> tuple[str, str]:
         """The digest and last two characters a receipt shows for ``value``: HMAC-SHA256
         under this store's random key, so a test can check a value it knows, and a reader

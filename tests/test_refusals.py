@@ -1,0 +1,168 @@
+"""Mail the sink refuses for a test's alias is in that test's timeline and its timeout.
+
+An app is told of a refusal by the reply, and often says nothing: smtplib's ``sendmail``
+returns the recipients refused past the cap and sends the rest, Django's backend does
+the same. The test then waited for mail the sink never stored, and its timeout said "no
+mail arrived ... is the app sending to the sink?" while the sink had answered it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from pytest_mailbox import Mailbox, MailSink, Store, WaitTimeout
+
+#: A tag that looks like a reply-by-mail token: masked wherever a refusal names it.
+TOKEN_TAG = "k7qx9pzl2mn4vb8w"
+
+
+class Client:
+    """A plain SMTP client on a socket: one command, one reply, and nothing added."""
+
+    def __init__(self, server: MailSink) -> None:
+        self.sock = socket.create_connection((server.host, server.port), timeout=30)
+        self.file = self.sock.makefile("rb")
+        assert self.reply().startswith(b"220")
+
+    def reply(self) -> bytes:
+        line = self.file.readline()
+        while line[3:4] == b"-":
+            line = self.file.readline()
+        return line
+
+    def cmd(self, line: str) -> bytes:
+        self.sock.sendall(line.encode() + b"\r\n")
+        return self.reply()
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def refused_steps(store: Store, mailbox: Mailbox) -> list[str]:
+    return [row["detail"] for row in store.events(mailbox.mailbox_id) if row["status"] == "refused"]
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_recipient_past_the_cap_is_named_in_the_timeout_and_the_receipt(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """smtplib sends to the first 100 recipients and returns the 101st as refused; the
+    test's timeout said "no mail arrived", its receipt had no trace of the refusal."""
+    pytester.makepyfile(
+        test_newsletter=f"""
+        import smtplib
+
+        def test_newsletter(mailbox_server, isolated_mailbox):
+            others = [f"reader{{i}}@mailbox.test" for i in range(100)]
+            me = isolated_mailbox.tagged("{TOKEN_TAG}")
+            with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+                refused = smtp.sendmail("news@app.example.test", others + [me],
+                                        "Subject: News\\r\\n\\r\\nhello\\r\\n")
+            assert list(refused) == [me]  # what an app that ignores it never looks at
+            isolated_mailbox.wait_for(subject="News", timeout=0)
+        """
+    )
+
+    result = pytester.runpytest("-n", workers, "--mailbox-receipts=receipts.jsonl")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E       refused by the sink for this alias, and not stored (1):",
+            "E         - *UTC RCPT to mail-*+••••••••••••••8w@mailbox.test: 452 4.5.3 Too many "
+            "recipients: at most 100 per message (mailbox_max_recipients); send the rest in "
+            "another message",
+            "*refused          RCPT to mail-*+••••••••••••••8w@mailbox.test: 452 4.5.3*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*no mail arrived for this mailbox*")
+    assert [line for line in result.stdout.lines if "RCPT to" in line and TOKEN_TAG in line] == []
+    receipts = Path(pytester.path, "receipts.jsonl").read_text()
+    assert TOKEN_TAG not in receipts
+    (receipt,) = map(json.loads, receipts.splitlines())
+    steps = [event["status"] for event in receipt["events"]]
+    assert steps == ["reserved", "refused", "waiting", "released"]
+    assert receipt["messages"] == []
+
+
+@pytest.mark.parametrize(
+    ("rcpt", "smtputf8", "reply"),
+    [
+        pytest.param(
+            "{alias}@mailbox.tst",
+            False,
+            "550 5.7.1 Relaying denied: mailbox.tst is not a test domain of this sink",
+            id="alias-at-a-domain-the-sink-does-not-take",
+        ),
+        pytest.param(
+            "{alias}+тег@{domain}",
+            False,
+            "553 5.6.7 A non-ASCII address needs SMTPUTF8: send MAIL FROM:<...> SMTPUTF8 "
+            "(the sink offers it in EHLO)",
+            id="tag-in-another-script-without-smtputf8",
+        ),
+    ],
+)
+def test_a_recipient_refused_at_rcpt_is_named_in_the_timeout(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    rcpt: str,
+    smtputf8: bool,
+    reply: str,
+) -> None:
+    address = rcpt.format(alias=isolated_mailbox.alias, domain=isolated_mailbox.domain)
+    client = Client(mailbox_server)
+    try:
+        assert client.cmd("EHLO app.example.test").startswith(b"250")
+        assert client.cmd("MAIL FROM:<app@example.test>").startswith(b"250")
+        assert client.cmd(f"RCPT TO:<{address}>").decode() == reply + "\r\n"
+    finally:
+        client.close()
+
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(timeout=0)
+
+    assert f"RCPT to {address}: {reply}" in str(caught.value)
+    assert "no mail arrived" not in str(caught.value)
+    assert refused_steps(mailbox_store, isolated_mailbox) == [f"RCPT to {address}: {reply}"]
+
+
+def test_a_message_refused_at_data_is_named_for_each_test_among_its_recipients(
+    mailbox_server: MailSink,
+    mailbox_store: Store,
+    isolated_mailbox: Mailbox,
+    second_mailbox: Mailbox,
+) -> None:
+    """A line over RFC 5321's 998 octets: the whole message is refused, for both tests; a
+    scripted fault before it is recorded as its own step only."""
+    isolated_mailbox.inject_fault(stage="DATA", reply="451 4.3.0 Try again", times=1)
+    client = Client(mailbox_server)
+    replies = []
+    try:
+        assert client.cmd("EHLO app.example.test").startswith(b"250")
+        for body in ("short", "x" * 999):
+            assert client.cmd("MAIL FROM:<app@example.test>").startswith(b"250")
+            for mailbox in (isolated_mailbox, second_mailbox):
+                assert client.cmd(f"RCPT TO:<{mailbox.address}>").startswith(b"250")
+            assert client.cmd("DATA").startswith(b"354")
+            replies.append(client.cmd(f"Subject: Welcome\r\n\r\n{body}\r\n.").decode())
+    finally:
+        client.close()
+    too_long = "500 Line too long (see RFC5321 4.5.3.1.6)"
+    assert replies == ["451 4.3.0 Try again\r\n", too_long + "\r\n"]
+
+    for mailbox in (isolated_mailbox, second_mailbox):
+        with pytest.raises(WaitTimeout) as caught:
+            mailbox.wait_for(subject="Welcome", timeout=0)
+        assert f"DATA to {mailbox.address}: {too_long}" in str(caught.value)
+        assert refused_steps(mailbox_store, mailbox) == [f"DATA to {mailbox.address}: {too_long}"]
+    steps = [row["status"] for row in mailbox_store.events(isolated_mailbox.mailbox_id)]
+    assert steps == ["reserved", "fault_armed", "fault", "refused", "waiting"]
+    assert mailbox_store.messages(isolated_mailbox.mailbox_id) == []
+    assert mailbox_store.messages(second_mailbox.mailbox_id) == []
