@@ -1,4 +1,6 @@
-"""Mail the sink refuses for a test's alias is in that test's timeline and its timeout.
+"""Mail for a test that reached the sink but not its mailbox is named in its timeout: mail
+the sink refused for its alias (also a step of its timeline), and mail the app sent to an
+earlier test's address.
 
 An app is told of a refusal by the reply, and often says nothing: smtplib's ``sendmail``
 returns the recipients refused past the cap and sends the rest, Django's backend does
@@ -166,3 +168,58 @@ def test_a_message_refused_at_data_is_named_for_each_test_among_its_recipients(
     assert steps == ["reserved", "fault_armed", "fault", "refused", "waiting"]
     assert mailbox_store.messages(isolated_mailbox.mailbox_id) == []
     assert mailbox_store.messages(second_mailbox.mailbox_id) == []
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [pytest.param(["-n", "0"], id="n0"), pytest.param(["-n", "2", "--dist", "loadfile"], id="n2")],
+)
+def test_mail_for_an_earlier_tests_released_mailbox_is_named_in_the_timeout(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
+    """An app that kept a user made in an earlier test sends that user's mail to the
+    earlier test's address: the mail reached the sink, its mailbox was released, and the
+    test waiting for it was told "no mail arrived ... is the app sending to the sink?"."""
+    pytester.makepyfile(
+        test_kept_user="""
+        import smtplib
+        import pytest
+
+        class App:
+            def __init__(self, host, port):
+                self.host, self.port, self.user = host, port, None
+
+            def signup(self, email):
+                self.user = email
+
+            def reset_password(self):
+                with smtplib.SMTP(self.host, self.port) as smtp:
+                    mail = f"To: {self.user}\\r\\nSubject: Reset\\r\\n\\r\\ncode 482913\\r\\n"
+                    smtp.sendmail("app@example.test", [self.user], mail)
+
+        @pytest.fixture(scope="module")
+        def app(mailbox_server):
+            return App(mailbox_server.host, mailbox_server.port)
+
+        def test_signup(app, isolated_mailbox):
+            app.signup(isolated_mailbox.address)
+
+        def test_reset(app, isolated_mailbox):
+            app.reset_password()  # to the user test_signup made, at test_signup's address
+            isolated_mailbox.wait_for(subject="Reset", timeout=0)
+        """
+    )
+
+    result = pytester.runpytest(*workers)
+
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E       mail for an earlier test's mailbox, released before it came (1): is the app "
+            "sending to an address it kept from that test?",
+            "E         - *UTC to mail-*@mailbox.test (test test_kept_user.py::test_signup, "
+            "released at *UTC)",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*no mail arrived for this mailbox*")
+    result.stdout.no_fnmatch_line("*482913*")

@@ -988,7 +988,8 @@ class Mailbox:
         ]
         near = misses + unrouted + earlier
         refused = [row for row in self.store.events(self.mailbox_id) if row["status"] == "refused"]
-        if not near and not refused:
+        late = self._late_mail()
+        if not near and not refused and not late:
             lines.append(
                 "no mail arrived for this mailbox or an unknown alias like it: is the "
                 "app sending to the sink (mailbox_server.host and .port, or .settings) and to "
@@ -1004,8 +1005,33 @@ class Mailbox:
             # Nothing of these was stored: the app was told so, and may not have said.
             lines.append(f"refused by the sink for this alias, and not stored ({len(refused)}):")
             lines.extend(f"  - {_clock(row['at'])} {row['detail']}" for row in refused)
+        lines.extend(late)
         lines.extend(self._ahead(selector))
         return self._unleaked("\n".join(lines))
+
+    def _late_mail(self) -> list[str]:
+        """Lines for mail that came, while this mailbox was open, for the mailbox of an
+        earlier test of this process that had been released: an app that kept that test's
+        address (a user it made then) sends there still. Its address and test only: what
+        the mail says is that test's."""
+        row = self._row
+        late = self.store.late(
+            since=row.created_at, worker=row.worker, testrun=row.testrun, owner=row.owner
+        )
+        if not late:
+            return []
+        shown = late[-5:]
+        more = " or more" if len(late) > len(shown) else ""
+        lines = [
+            f"mail for an earlier test's mailbox, released before it came ({len(shown)}{more}): "
+            "is the app sending to an address it kept from that test?"
+        ]
+        lines.extend(
+            f"  - {_clock(message.received_at)} to {_tag_masked(message.rcpt)} "
+            f"(test {mailbox.owner or '?'}, released at {_clock(mailbox.closed_at or 0.0)})"
+            for message, mailbox in shown
+        )
+        return lines
 
     def _ahead(self, selector: Selector) -> list[str]:
         """A line if ``received_after`` is a time later than the sink's clock now: most

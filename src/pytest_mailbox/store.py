@@ -1014,6 +1014,32 @@ class Store:
         return [(_message(r[:-2]), str(r[-2]), str(r[-1])) for r in reversed(rows)]
 
     @_reads
+    def late(
+        self, *, since: float, worker: str, testrun: str, owner: str, limit: int = 6
+    ) -> list[tuple[MessageRow, MailboxRow]]:
+        """The newest mail since ``since`` for mailboxes that ``worker`` reserved in
+        ``testrun`` and had closed before it came (late mail of an earlier test: an app
+        that kept its address), with each one's mailbox, oldest first. Not a mailbox of
+        ``owner``'s (unless ``""``): an earlier attempt's, ``earlier_runs_mail`` names it."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT m.*, b.* FROM messages m JOIN mailboxes b ON b.mailbox_id = m.mailbox_id"
+                " WHERE m.received_at >= ? AND b.closed_at IS NOT NULL"
+                " AND b.closed_at <= m.received_at AND b.worker = ? AND b.testrun = ?"
+                " AND (b.owner != ? OR b.owner = '')"
+                " ORDER BY m.seq DESC LIMIT ?",
+                (since, worker, testrun, owner, limit),
+            )
+            .fetchall()
+        )
+        width = len(MessageRow._fields)
+        return [
+            (MessageRow._make(tuple(r)[:width]), MailboxRow._make(tuple(r)[width:]))
+            for r in reversed(rows)
+        ]
+
+    @_reads
     def raw(self, body_id: int) -> bytes:
         """A message's bytes, read from disk on demand."""
         row = (
