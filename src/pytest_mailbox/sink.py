@@ -10,9 +10,12 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
 import re
 import socket
+import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, AnyStr, ClassVar, TypeVar
 
@@ -832,6 +835,7 @@ class MailSink(SmtpEndpoint):
         self.hostname = hostname
         self.signal = signal or Signal()
         self._transports: set[asyncio.Transport] = set()
+        self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -977,10 +981,13 @@ class MailSink(SmtpEndpoint):
             return self
         sock = self._bind()
         self.port = int(sock.getsockname()[1])
+        self._listener = sock
+        _SERVING.add(self)
         try:
             with unguarded_sockets():  # pytest-socket's guard: see unguarded_sockets
                 loop = _Loop()
         except BaseException:  # its self-pipe refused (EMFILE): the listener is not left open
+            _SERVING.discard(self)
             sock.close()
             raise
         self._loop = loop
@@ -1030,6 +1037,7 @@ class MailSink(SmtpEndpoint):
         """
         thread, loop = self._thread, self._loop
         self._thread = None
+        _SERVING.discard(self)
         if thread is None or loop is None:
             return
         self._stopping.set()
@@ -1067,8 +1075,39 @@ class MailSink(SmtpEndpoint):
         self._writer.shutdown(wait=True)
         logging.getLogger(_AIOSMTPD_LOGGER).removeFilter(self._log_filter)
 
+    def _let_go(self) -> None:
+        """In a child forked from this process: point the listener's descriptor at
+        ``/dev/null``. The child serves nothing (the sink's thread is not forked), and one
+        that outlived the sink (an app server, a ``multiprocessing`` worker) held its port,
+        listening with no one to accept: a client's connection was queued and never got a
+        banner, and fixed-port mode's next session could not bind the port. Closing it
+        would leave the socket object's own close to fail."""
+        listener = self._listener
+        fd = -1 if listener is None else listener.fileno()
+        if fd < 0:
+            return
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
     def __enter__(self) -> MailSink:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: The sinks serving in this process, whose sockets a forked child lets go of.
+_SERVING: weakref.WeakSet[MailSink] = weakref.WeakSet()
+
+
+def _let_go_in_child() -> None:
+    for sink in list(_SERVING):
+        sink._let_go()
+    _SERVING.clear()
+
+
+if sys.platform != "win32":
+    os.register_at_fork(after_in_child=_let_go_in_child)
