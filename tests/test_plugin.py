@@ -3737,6 +3737,43 @@ def test_a_code_an_invisible_character_splits_is_found_whole_and_masked_as_writt
         assert "731604" not in text
 
 
+INVISIBLE_REFERENCE_CODE_SUITE = """
+import smtplib
+from email.message import EmailMessage
+
+def test_split(isolated_mailbox, mailbox_server):
+    mail = EmailMessage()
+    mail["From"] = "noreply@app.example.test"
+    mail["To"] = isolated_mailbox.address
+    mail["Subject"] = "Code"
+    mail.set_content("<p>Your code is <b>7316&zwnj;04</b> (7316&#x200B;04).</p>", subtype="html")
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.send_message(mail)
+    msg = isolated_mailbox.wait_for(subject="Code")
+    assert msg.code() == "731604"
+    print("the mail says", msg.html)
+    assert msg.html == "no mail"
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_code_an_html_reference_to_an_invisible_character_splits_is_masked_as_written(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    """An HTML mail's ``7316&zwnj;04``: code() reads ``731604``, and the report of a test
+    that showed ``msg.html`` had the code in clear, its invisible character written as a
+    reference, which the mask's search for the code as written did not read."""
+    pytester.makepyfile(INVISIBLE_REFERENCE_CODE_SUITE)
+
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["the mail says <p>Your code is <b>••••••••••04</b>*"])
+    junit = (pytester.path / "junit.xml").read_text()
+    for text in ("\n".join(result.outlines + result.errlines), junit):
+        assert "7316" not in text
+
+
 def _reports(pytester: pytest.Pytester) -> tuple[str, str]:
     """The run's JUnit XML and its pytest-html report, with the HTML's escapes undone."""
     junit = (pytester.path / "junit.xml").read_text()

@@ -19,6 +19,7 @@ from email.message import EmailMessage
 from email.parser import BytesParser
 from email.policy import EmailPolicy
 from functools import cached_property, lru_cache
+from html import unescape
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, quote, unquote, unquote_plus, urlsplit
@@ -1919,6 +1920,8 @@ def _searched(pattern: str | None, texts: tuple[str, ...]) -> tuple[str, ...]:
 #: it, or none (too long) rather than a part of it.
 _INVISIBLE = r"[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
 _INVISIBLE_IN_DIGITS = re.compile(rf"(?<=\d){_INVISIBLE}+(?=\d)")
+#: A character reference in HTML's source (``&zwnj;``, ``&#8203;``, ``&#x200B;``).
+_CHARACTER_REFERENCE = r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z]{2,32});?"
 
 
 def _invisible_out(text: str) -> str:
@@ -2315,11 +2318,17 @@ class Message:
         that shows ``msg.html`` puts in its report."""
         forms = set(self._written.get(value, ()))
         if value.isdigit():  # split by invisible characters (``1234\u200b56``): masked so too
-            split = re.compile(rf"(?<!\d){f'{_INVISIBLE}*'.join(value)}(?!\d)")
+            # The HTML's source may write one as a reference (``7316&zwnj;04``, ``&#8203;``).
+            between = f"(?:{_INVISIBLE}|{_CHARACTER_REFERENCE})*"
+            split = re.compile(rf"(?<!\d){between.join(value)}(?!\d)")
             for body in (self.text, self.html, self.subject):
-                if not body.isascii():
+                if not body.isascii() or "&" in body:
                     split_in = itertools.islice(split.finditer(body), _WRITTEN_FORMS)
-                    forms.update(m.group() for m in split_in if m.group() != value)
+                    forms.update(
+                        m.group()
+                        for m in split_in
+                        if m.group() != value and _invisible_out(unescape(m.group())) == value
+                    )
         for written in tuple(forms):
             groups = _GROUP.findall(written)
             joined = _WRITTEN_JOINER.join(re.escape(group) for group in groups)
