@@ -423,6 +423,10 @@ def _listed(count: int) -> str:
     return "" if count <= MAX_MESSAGE_IDS else f" (message_ids: the first {MAX_MESSAGE_IDS})"
 
 
+#: A redacted link's host, and what follows it: its port, path and query.
+_HOST_AND_TAIL = re.compile(r"(\[[^\]]*\]|[^:/?#]*)(.*)", re.DOTALL)
+
+
 def _shown_link(url: str) -> str:
     """``url`` as an answer shows it: redacted (``redact_url``: a character that shows
     nothing, such as a direction override, escaped, ``\\u202e``), its host in the ASCII form
@@ -430,25 +434,31 @@ def _shown_link(url: str) -> str:
     looks like ``app``), at most ``MAX_LINK_SHOWN`` characters."""
     shown = redact_url(url)
     scheme, sep, rest = shown.partition("://")
-    host, slash, tail = rest.partition("/")
-    if not host.isascii():  # redact_url keeps the scheme and the host of an http(s) link
+    # The host ends at its port, path or query (``пример.рф:8443/…``, ``пример.рф?next=…``).
+    host, tail = _HOST_AND_TAIL.fullmatch(rest).groups()  # type: ignore[union-attr]
+    if host.startswith("[") and not host.isascii():  # an IPv6 address's zone: no name
+        shown = f"{scheme}{sep}{_ascii_label(host, idna=False)}{tail}"
+    elif not host.isascii():  # redact_url keeps the scheme and the host of an http(s) link
         labels = [_ascii_label(label) for label in host.split(".")]
-        shown = f"{scheme}{sep}{'.'.join(labels)}{slash}{tail}"
+        shown = f"{scheme}{sep}{'.'.join(labels)}{tail}"
     if len(shown) <= MAX_LINK_SHOWN:
         return shown
     cut = max(shown.rfind(c, 0, MAX_LINK_SHOWN - 1) for c in "/?&")
     return shown[: cut + 1 if cut > len("https://") else MAX_LINK_SHOWN - 1] + "…"
 
 
-def _ascii_label(label: str) -> str:
-    """A host label in IDNA form; ``…`` (redacted) as it is; else with every character
-    beyond ASCII escaped (``\\u202e``): an answer shows no character a reader cannot see."""
+def _ascii_label(label: str, *, idna: bool = True) -> str:
+    """A host label in IDNA form (unless not ``idna``); ``…`` (redacted) as it is; else with
+    every character beyond ASCII escaped (``\\u202e``): an answer shows no character a
+    reader cannot see."""
     if label.isascii() or label == "…":
         return label
     try:
-        return label.encode("idna").decode("ascii")
+        if idna:
+            return label.encode("idna").decode("ascii")
     except UnicodeError:
-        return label.encode("ascii", "backslashreplace").decode("ascii")
+        pass
+    return label.encode("ascii", "backslashreplace").decode("ascii")
 
 
 #: A near miss this toolset's own live claim holds: its next step is an ack, not a poll.
