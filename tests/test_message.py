@@ -359,6 +359,24 @@ def test_a_host_with_characters_that_show_nothing_is_shown_with_them_escaped(
     assert message_module.redact_url(url) == f"https://{shown}/…"
 
 
+def test_an_ipv6_hosts_zone_with_a_character_that_shows_nothing_is_shown_escaped() -> None:
+    """An IPv6 address's zone is any text (``[fe80::1%eth0]``): a direction override there
+    was shown as it is in link()'s error, a receipt's host and a redacted link, where every
+    other host has it escaped."""
+    seen: list[tuple[str, str, str | None]] = []
+    url = "https://[fe80::1%\u202eeth0]/welcome"
+    message = Message(
+        build(text=f"Open {url} now\n"), message_id="m-1", on_secret=lambda *a: seen.append(a)
+    )
+
+    with pytest.raises(ExtractionError) as info:
+        message.link(domain="other.example.test")
+    assert str(info.value).endswith("hosts found: fe80::1%\\u202eeth0")
+    assert message.link() == url
+    assert seen == [("link", url, "fe80::1%\\u202eeth0")]
+    assert message_module.redact_url(url) == "https://[fe80::1%\\u202eeth0]/…"
+
+
 @pytest.mark.parametrize(
     ("host", "shown"),
     [

@@ -395,7 +395,8 @@ def redact_url(url: str) -> str:
         port = parts.port
     except ValueError:  # not a number: dropped rather than shown
         port = None
-    host = f"[{host}]" if ":" in host else _untokened_host(parts.netloc, host)
+    # An IPv6 address's zone (``fe80::1%eth0``) is any text: shown visible too.
+    host = f"[{_visible(host)}]" if ":" in host else _untokened_host(parts.netloc, host)
     if port is not None:
         host = f"{host}:{port}"
     out = f"{parts.scheme}:" if parts.scheme else ""
@@ -1390,7 +1391,7 @@ def shown_host(url: str) -> str:
         host = parts.hostname or ""
     except ValueError:
         return ""
-    shown = host if ":" in host else _untokened_host(parts.netloc, host)
+    shown = _visible(host) if ":" in host else _untokened_host(parts.netloc, host)
     return shown.rstrip(".")
 
 
