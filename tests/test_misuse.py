@@ -853,3 +853,77 @@ def test_a_ttl_max_of_the_default_ttl_caps_nothing() -> None:
     assert settings.contract.ttl == 300
     assert settings.sources["ttl"] == "default"
     assert settings.contract_given == {}
+
+
+_KEPT_QUOTES = "its quotes would be part of the value (only pyproject.toml reads quotes; an ini "
+_KEPT_QUOTES += "file, -o, an option and a variable keep them)"
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "env", "expected"),
+    [
+        (  # it wrote its receipts to a file named "r.jsonl", quotes and all
+            {"pytest.ini": '[pytest]\nmailbox_receipts = "r.jsonl"\n'},
+            [],
+            {},
+            f"ini mailbox_receipts='\"r.jsonl\"' is invalid: {_KEPT_QUOTES}; "
+            "write mailbox_receipts = r.jsonl",
+        ),
+        (  # refused saying it allows 'dry-run', as it was written
+            {"setup.cfg": "[tool:pytest]\nmailbox_mode = 'dry-run'\n"},
+            [],
+            {},
+            f"ini mailbox_mode=\"'dry-run'\" is invalid: {_KEPT_QUOTES}; "
+            "write mailbox_mode = dry-run",
+        ),
+        (
+            {"tox.ini": '[pytest]\nmailbox_link_domains = ["a.test", "b.test"]\n'},
+            [],
+            {},
+            'ini mailbox_link_domains=\'[[]"a.test", "b.test"]\' is invalid: a list in brackets '
+            "is TOML, which only pyproject.toml reads; here write "
+            "mailbox_link_domains = a.test, b.test",
+        ),
+        (
+            {},
+            ["-o", "mailbox_allowed_domains=['a.test']"],
+            {},
+            "-o mailbox_allowed_domains=\"[[]'a.test']\" is invalid: a list in brackets is TOML, "
+            "which only pyproject.toml reads; here write -o mailbox_allowed_domains=a.test",
+        ),
+        (  # as a docker --env-file or a CI's YAML may hand it over
+            {},
+            [],
+            {"PYTEST_MAILBOX_TTL": '"120"'},
+            f"PYTEST_MAILBOX_TTL='\"120\"' is invalid: {_KEPT_QUOTES}; "
+            "write PYTEST_MAILBOX_TTL=120",
+        ),
+        (
+            {},
+            ["--mailbox-receipts='r.jsonl'"],
+            {},
+            f"--mailbox-receipts=\"'r.jsonl'\" is invalid: {_KEPT_QUOTES}; "
+            "write --mailbox-receipts=r.jsonl",
+        ),
+    ],
+    ids=["pytest.ini", "setup.cfg", "tox.ini", "-o", "env", "option"],
+)
+def test_a_value_written_as_toml_where_it_is_taken_as_written_is_refused_saying_how_to_write_it(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    files: dict[str, str],
+    args: list[str],
+    env: dict[str, str],
+    expected: str,
+) -> None:
+    for name, text in files.items():
+        pytester.path.joinpath(name).write_text(text, encoding="utf-8")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+
+    result = pytester.runpytest("-n", "0", *args)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: pytest-mailbox: {expected}"])
+    assert sorted(p.name for p in pytester.path.iterdir() if "jsonl" in p.name) == []

@@ -474,8 +474,11 @@ def _parse(option: Option, value: object, source: str) -> Any:
                 )
                 raise ValueError(msg)
         text = " ".join(value)
-    elif isinstance(value, str | int | float) and not isinstance(value, bool):
-        text = str(value).strip()
+    elif isinstance(value, str):
+        text = value.strip()
+        _refuse_toml_written(option, source, text)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        text = str(value)
     else:  # a TOML boolean, date, table, or a list for a setting of one value
         msg = f"{source}={_toml(value)} is invalid; allowed: {option.allowed}"
         raise ValueError(msg)
@@ -485,6 +488,43 @@ def _parse(option: Option, value: object, source: str) -> Any:
         shown = repr(text) if isinstance(value, str) else _toml(value)  # 0, 1.5, inf, a list
         msg = f"{source}={shown} is invalid; allowed: {option.allowed}"
         raise ValueError(msg) from None
+
+
+def _written(option: Option, source: str, text: str) -> str:
+    """How ``source`` gives ``option`` the value ``text``: the fix an error shows."""
+    if source == option.flag:
+        written = f"{option.flag}={text}"
+    elif source == option.env:
+        written = f"{option.env}={text}"
+    elif source.startswith("-o "):
+        written = f"-o {option.ini}={text}"
+    else:
+        written = f"{option.ini} = {text}"
+    return written if text else f"{written.rstrip()} (empty: none given)"
+
+
+def _refuse_toml_written(option: Option, source: str, text: str) -> None:
+    """A value written as TOML writes it, where it is taken as written: an ini file
+    (``pytest.ini``, ``tox.ini``, ``setup.cfg``), ``-o``, an option or a variable keeps the
+    quotes of ``mailbox_receipts = "r.jsonl"`` (a file named ``"r.jsonl"``, quotes and all)
+    and the brackets of ``["a.test"]``. ``ValueError`` says how to write it there."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        fix = _written(option, source, text[1:-1].strip())
+        msg = (
+            f"{source}={text!r} is invalid: its quotes would be part of the value (only "
+            f"pyproject.toml reads quotes; an ini file, -o, an option and a variable keep "
+            f"them); write {fix}"
+        )
+        raise ValueError(msg)
+    if option.many and text.startswith("[") and text.endswith("]"):
+        names = ", ".join(
+            name.strip().strip("'\"").strip() for name in text[1:-1].split(",") if name.strip()
+        )
+        msg = (
+            f"{source}={text!r} is invalid: a list in brackets is TOML, which only "
+            f"pyproject.toml reads; here write {_written(option, source, names)}"
+        )
+        raise ValueError(msg)
 
 
 def _refuse_unknown(ini_keys: Iterable[str], env: Mapping[str, str]) -> None:
