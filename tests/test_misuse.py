@@ -927,3 +927,33 @@ def test_a_value_written_as_toml_where_it_is_taken_as_written_is_refused_saying_
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: pytest-mailbox: {expected}"])
     assert sorted(p.name for p in pytester.path.iterdir() if "jsonl" in p.name) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "shown"),
+    [
+        # pytest hands [tool.pytest.ini_options]'s true over as "True": a file of that name
+        ("pyproject.toml", "[tool.pytest.ini_options]\nmailbox_receipts = true\n", "'True'"),
+        ("pytest.ini", "[pytest]\nmailbox_receipts = yes\n", "'yes'"),
+        ("tox.ini", "[pytest]\nmailbox_receipts = 1\n", "'1'"),
+    ],
+    ids=["ini_options-true", "pytest.ini-yes", "tox.ini-1"],
+)
+def test_a_receipts_switch_is_refused_asking_for_a_file(
+    pytester: pytest.Pytester, name: str, text: str, shown: str
+) -> None:
+    pytester.path.joinpath(name).write_text(text, encoding="utf-8")
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+    before = sorted(pytester.path.iterdir())
+
+    result = pytester.runpytest("-n", "0")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: pytest-mailbox: ini mailbox_receipts={shown} is invalid: mailbox_receipts "
+            "is the file to write the receipts to, not a switch; write "
+            "mailbox_receipts = receipts.jsonl, or give none to write no file"
+        ]
+    )
+    assert sorted(pytester.path.iterdir()) == before

@@ -477,6 +477,7 @@ def _parse(option: Option, value: object, source: str) -> Any:
     elif isinstance(value, str):
         text = value.strip()
         _refuse_toml_written(option, source, text)
+        _refuse_switch(option, source, text)
     elif isinstance(value, int | float) and not isinstance(value, bool):
         text = str(value)
     else:  # a TOML boolean, date, table, or a list for a setting of one value
@@ -523,6 +524,23 @@ def _refuse_toml_written(option: Option, source: str, text: str) -> None:
         msg = (
             f"{source}={text!r} is invalid: a list in brackets is TOML, which only "
             f"pyproject.toml reads; here write {_written(option, source, names)}"
+        )
+        raise ValueError(msg)
+
+
+#: What a switch is written as: a file path given as one is a switch mistaken for a path.
+_SWITCHES = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
+
+
+def _refuse_switch(option: Option, source: str, text: str) -> None:
+    """``mailbox_receipts = true`` (``[tool.pytest.ini_options]`` hands pytest's ``True``)
+    is a switch, not the file it would have named ``True``: ``ValueError`` says to give a
+    path."""
+    if option.name == "receipts" and text.lower() in _SWITCHES:
+        msg = (
+            f"{source}={text!r} is invalid: {option.ini} is the file to write the receipts "
+            f"to, not a switch; write {_written(option, source, 'receipts.jsonl')}, or give "
+            "none to write no file"
         )
         raise ValueError(msg)
 
