@@ -15,6 +15,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import types
 import weakref
 import xml.etree.ElementTree as ET
@@ -592,6 +594,114 @@ def test_mailbox_that_outlives_its_ttl_is_expired(pytester: pytest.Pytester, wor
             "test_mailbox_that_outlives_its_ttl_is_expired.py::test_slow; give them a longer "
             "ttl (email_contract(ttl=...) or mailbox_ttl)"
         ]
+    )
+
+
+PAST_THE_LEASE = """
+import threading
+
+import pytest
+
+
+def past(store, until):
+    # As a debugger's pause would: the store's clock is past the lease when this returns.
+    while store.clock() <= until.timestamp():
+        threading.Event().wait(until.timestamp() - store.clock())
+
+
+@pytest.mark.email_contract(lease=0.2)
+def test_paused(isolated_mailbox, mailbox_store, send):
+    send(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject="Verify your account")
+    past(mailbox_store, msg.lease_until)
+
+
+@pytest.mark.email_contract(lease=0.2)
+def test_acked_in_time(isolated_mailbox, mailbox_store, send):
+    send(isolated_mailbox.address)
+    isolated_mailbox.wait_for(subject="Verify your account").ack()
+
+
+@pytest.mark.email_contract(lease=0.2)
+def test_claimed_again(isolated_mailbox, mailbox_store, send):
+    send(isolated_mailbox.address)
+    msg = isolated_mailbox.wait_for(subject="Verify your account")
+    past(mailbox_store, msg.lease_until)
+    isolated_mailbox.wait_for(subject="Verify your account")  # acked at teardown
+"""
+
+LAPSED_SUMMARY = (
+    "mailbox: 1 passing test(s) held a claim whose lease ended before it was acked, so "
+    "teardown could not ack it and the message is left unconsumed (receipt: lease_expired): "
+    "test_*.py::test_paused; ack() or renew() it while the lease lasts, or give them a "
+    "longer lease (email_contract(lease=...) or mailbox_lease)"
+)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_passing_test_whose_claim_outlived_its_lease_is_named_with_the_fix(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # Its teardown had nothing live to ack: it passed, and only the receipt and the count
+    # of expired claims said the message was left unconsumed.
+    pytester.makeconftest(SENDER_CONFTEST)
+    pytester.makepyfile(PAST_THE_LEASE)
+
+    result = pytester.runpytest("-n", workers, "--junitxml=junit.xml")
+
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([LAPSED_SUMMARY])
+    assert "test_acked_in_time" not in result.stdout.str().split("lease_expired):")[-1]
+    cases = _junit_cases(pytester.path / "junit.xml")
+    (paused,) = cases["test_paused"][1]
+    assert (paused.close_reason, paused.messages[0].state) == ("released_success", "waiting")
+    assert [e.status for e in paused.events][-2:] == ["lease_expired", "released"]
+    (again,) = cases["test_claimed_again"][1]
+    assert again.messages[0].state == "consumed"
+
+
+def test_a_test_paused_in_the_debugger_past_its_lease_is_told_to_take_a_longer_one(
+    pytester: pytest.Pytester,
+) -> None:
+    # breakpoint(), and "c" typed once the lease has ended: a real pdb pause.
+    pytester.makeconftest(SENDER_CONFTEST)
+    fifo = pytester.path / "lease_until"
+    os.mkfifo(fifo)
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.email_contract(lease=0.2)
+        def test_paused(isolated_mailbox, send):
+            send(isolated_mailbox.address)
+            msg = isolated_mailbox.wait_for(subject="Verify your account")
+            with open({str(fifo)!r}, "w") as told:
+                told.write(str(msg.lease_until.timestamp()))
+            breakpoint()
+        """
+    )
+    proc = pytester.popen(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        until = float(fifo.read_text())  # blocks until the test holds its claim
+        while time.time() <= until:
+            threading.Event().wait(until - time.time())
+        out, _ = proc.communicate(b"c\n", timeout=120)  # a hang's net
+    finally:
+        proc.kill()
+    text = out.decode()
+    assert "(Pdb)" in text
+    assert " 1 passed" in text
+    assert (
+        LAPSED_SUMMARY.replace(
+            "test_*.py",
+            "test_a_test_paused_in_the_debugger_past_its_lease_is_told_to_take_a_longer_one.py",
+        )
+        in text
     )
 
 

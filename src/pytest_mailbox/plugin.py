@@ -1514,6 +1514,8 @@ def pytest_terminal_summary(
     reported = config.stash.get(_reported_key, None)
     if reported is not None and reported.expired:
         terminalreporter.write_line(reported.expired_summary(), yellow=True)
+    if reported is not None and reported.lapsed:
+        terminalreporter.write_line(reported.lapsed_summary(), yellow=True)
     said = config.stash.get(_foreign_key, None)
     if said is not None:
         terminalreporter.write_line(said, yellow=True)
@@ -1553,6 +1555,28 @@ def _full_receipts_of(report: pytest.TestReport) -> Iterator[tuple[str, Receipt]
 _EXPIRED = re.compile(r'"close_reason":"expired_timeout"')
 
 
+#: A receipt with a step that ended a claim because its lease ran out.
+_LEASE_EXPIRED = '"status":"lease_expired"'
+
+
+def _lapsed(value: str) -> bool:
+    """Whether a receipt has a message its run claimed that ended unconsumed, its last
+    step a lapsed lease: nothing acked it, and no later claim took it (a test paused in a
+    debugger past its lease, whose teardown then had nothing live to ack)."""
+    if _LEASE_EXPIRED not in value:  # most receipts: no parsing
+        return False
+    receipt = parse_receipt(value)
+    if receipt is None:
+        return False
+    for message in receipt.messages:
+        if message.state == "consumed" or message.claimed_at is None:
+            continue
+        steps = [e.status for e in receipt.events if e.detail.startswith(message.message_id + " ")]
+        if steps and steps[-1] == "lease_expired":
+            return True
+    return False
+
+
 class _Reported:
     """What the reports said of the run's mailboxes: which mailboxes they name (so that a
     store another run replaced is not counted as this run's), and the tests that passed
@@ -1565,6 +1589,7 @@ class _Reported:
         self.mailboxes: set[str] = set()  # the ids of the receipts the reports carried
         self.passed: set[str] = set()  # this run's tests whose call passed
         self.expired: list[str] = []
+        self.lapsed: list[str] = []  # passed, with a claim whose lease ended unacked
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if type(report) is not pytest.TestReport:  # a subtest's: the test's own call decides
@@ -1582,23 +1607,39 @@ class _Reported:
         passed = report.nodeid in self.passed
         self.passed.discard(report.nodeid)
         # A failed teardown (or its rerun) is no pass, and its report shows the timeline.
-        if (
-            passed
-            and report.passed
-            and report.nodeid not in self.expired
-            and any(_EXPIRED.search(value) for value, _ in receipts)
+        if not (passed and report.passed):
+            return
+        if report.nodeid not in self.expired and any(
+            _EXPIRED.search(value) for value, _ in receipts
         ):
             self.expired.append(report.nodeid)
+        elif (
+            report.nodeid not in self.expired
+            and report.nodeid not in self.lapsed
+            and any(_lapsed(value) for value, _ in receipts)
+        ):
+            self.lapsed.append(report.nodeid)
+
+    def _named(self, tests: list[str]) -> str:
+        more = len(tests) - self.SHOWN
+        return ", ".join(tests[: self.SHOWN]) + (f" and {more} more" if more > 0 else "")
 
     def expired_summary(self) -> str:
-        shown = ", ".join(self.expired[: self.SHOWN])
-        more = len(self.expired) - self.SHOWN
         return (
             f"mailbox: {len(self.expired)} passing test(s) outlived their mailbox's ttl, so "
             "nothing they claimed could be acked at teardown (receipt: expired_timeout): "
-            + shown
-            + (f" and {more} more" if more > 0 else "")
+            + self._named(self.expired)
             + "; give them a longer ttl (email_contract(ttl=...) or mailbox_ttl)"
+        )
+
+    def lapsed_summary(self) -> str:
+        return (
+            f"mailbox: {len(self.lapsed)} passing test(s) held a claim whose lease ended "
+            "before it was acked, so teardown could not ack it and the message is left "
+            "unconsumed (receipt: lease_expired): "
+            + self._named(self.lapsed)
+            + "; ack() or renew() it while the lease lasts, or give them a longer lease "
+            "(email_contract(lease=...) or mailbox_lease)"
         )
 
 
