@@ -191,7 +191,7 @@ def test_the_limits_table_of_the_security_page_has_the_code_s_defaults() -> None
 def test_the_marker_s_registered_signature_has_the_contract_s_defaults(
     pytester: pytest.Pytester,
 ) -> None:
-    """``pytest --markers`` shows ``email_contract(*, purpose='mail', ttl=300, ...)``: each
+    """``pytest --markers`` shows ``email_contract(*, purpose='mail', ttl=min(300, …), …)``: each
     default as the contract has it, every field of it, in its order."""
     from pytest_mailbox.contract import EmailContract  # noqa: PLC0415 - pydantic models
 
@@ -204,6 +204,8 @@ def test_the_marker_s_registered_signature_has_the_contract_s_defaults(
         default = field.default
         if name == "lease":  # unless given, at most the ttl
             written = f"min({default:g}, ttl)"
+        elif name == "ttl":  # unless given, at most mailbox_ttl_max
+            written = f"min({default}, mailbox_ttl_max)"
         elif isinstance(default, float):
             written = f"{default:g}"  # timeout=10, as a marker is written
         else:

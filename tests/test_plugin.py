@@ -1013,6 +1013,36 @@ def test_cli_beats_env_beats_ini(
     result.stdout.fnmatch_lines(["mailbox: env.test on 127.0.0.1:a free port per worker*"])
 
 
+def test_markers_and_fixtures_say_where_a_contracts_defaults_come_from(
+    pytester: pytest.Pytester,
+) -> None:
+    # They said "defaults from the mailbox_* ini keys" and ttl=300: an option or a variable
+    # gives them too, and mailbox_ttl_max lowers the ttl nobody gave.
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+
+    markers = pytester.runpytest("--markers")
+    fixtures = pytester.runpytest("--fixtures")
+
+    markers.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.email_contract(*, purpose='mail', ttl=min(300, mailbox_ttl_max), "
+            "lease=min(60, ttl), *): the rules of this test's isolated_mailbox; the closest "
+            "marker counts, over the mailbox_* settings (--mailbox-* options, "
+            "PYTEST_MAILBOX_* variables, ini keys), which give the defaults"
+        ]
+    )
+    fixtures.stdout.fnmatch_lines(
+        [
+            "email_contract -- *",
+            "    This test's EmailContract: the mailbox_* settings (--mailbox-* options,",
+            "    PYTEST_MAILBOX_* variables, ini keys), overlaid by its closest email_contract*",
+            "isolated_mailbox -- *",
+            "    A Mailbox of this test's own: a fresh alias on the session's sink, under its",
+            "    email_contract. Released at teardown (its live claims acked if the test passed*",
+        ]
+    )
+
+
 def test_the_report_header_writes_an_ipv6_host_as_a_url_does(pytester: pytest.Pytester) -> None:
     # It said "on ::1:2525": which colon began the port? (--co tries no host, binds no port.)
     result = pytester.runpytest("--mailbox-host=::1", "--mailbox-port=2525", "--co")

@@ -74,7 +74,7 @@ _RAISE_TTL_MAX = "raise mailbox_ttl_max (the ini key, --mailbox-ttl-max or PYTES
 
 
 class EmailContract(BaseModel):
-    """The per-test rules: ini defaults overlaid by ``@pytest.mark.email_contract(...)``."""
+    """The per-test rules: the mailbox_* settings, overlaid by ``@pytest.mark.email_contract``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 

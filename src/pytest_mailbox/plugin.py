@@ -123,9 +123,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_outer_extracted_key] = frozenset(message.TEST_EXTRACTED)
     config.addinivalue_line(
         "markers",
-        "email_contract(*, purpose='mail', ttl=300, lease=min(60, ttl), timeout=10, max_reads=3, "
-        "max_resends=1, mode='live', link_domains=(), run_header='X-Run-Id'): "
-        "the rules of this test's isolated_mailbox (defaults from the mailbox_* ini keys)",
+        "email_contract(*, purpose='mail', ttl=min(300, mailbox_ttl_max), lease=min(60, ttl), "
+        "timeout=10, max_reads=3, max_resends=1, mode='live', link_domains=(), "
+        "run_header='X-Run-Id'): the rules of this test's isolated_mailbox; the closest marker "
+        "counts, over the mailbox_* settings (--mailbox-* options, PYTEST_MAILBOX_* variables, "
+        "ini keys), which give the defaults",
     )
     try:
         settings = Settings.resolve(
@@ -579,8 +581,8 @@ class _Fixtures:
             sink.stop()
 
     def email_contract(self) -> EmailContract:
-        """This test's contract: the mailbox_* ini defaults, overlaid by its email_contract
-        marker."""
+        """This test's EmailContract: the mailbox_* settings (--mailbox-* options,
+        PYTEST_MAILBOX_* variables, ini keys), overlaid by its closest email_contract marker."""
         item = self.test()
         settings = self.config.stash[_settings_key]
         if _contract_key not in item.stash:  # -p no:mailbox-marker: no check at setup
@@ -591,8 +593,10 @@ class _Fixtures:
     def isolated_mailbox(
         self, mailbox_server: SmtpEndpoint, mailbox_store: Store, email_contract: EmailContract
     ) -> Iterator[Mailbox]:
-        """A fresh alias on the session's sink, reserved for this test's run under its
-        contract (``mailbox_server`` only orders the fixtures: the sink is up first)."""
+        """A Mailbox of this test's own: a fresh alias on the session's sink, under its
+        email_contract. Released at teardown (its live claims acked if the test passed, given
+        back if not), its receipt attached to the test's report."""
+        # mailbox_server only orders the fixtures: the sink is up first.
         from pytest_mailbox.mailbox import Mailbox  # noqa: PLC0415 - see TYPE_CHECKING above
 
         config, item = self.config, self.test()
@@ -667,7 +671,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _contract_for(marker: pytest.Mark | None, settings: Settings) -> EmailContract:
-    """A test's contract: the mailbox_* ini defaults, overlaid by its closest
+    """A test's contract: the mailbox_* settings, overlaid by its closest
     email_contract ``marker``; an invalid marker fails the test, naming the field."""
     if marker is None:
         return settings.contract
