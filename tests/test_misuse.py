@@ -27,7 +27,8 @@ BAD: dict[str, tuple[str, str]] = {
     "ttl_max": ("0", "an integer 1..86400"),
     "receipts": (
         ".",
-        "a path to a regular file, new or to overwrite (not a directory, device or pipe)",
+        "a path to a new file, or to a receipts file to overwrite (not a directory, device, pipe "
+        "or other file)",
     ),
     "ttl": ("0", "whole seconds, 1..mailbox_ttl_max"),
     "lease": ("inf", "seconds > 0, at most ttl"),
@@ -108,7 +109,8 @@ def test_receipts_to_a_device_or_a_pipe_is_a_usage_error_not_a_crash_or_a_hang(
     result.stderr.fnmatch_lines(
         [
             f"*pytest-mailbox: --mailbox-receipts={target!r} is invalid; allowed: a path to a "
-            "regular file, new or to overwrite (not a directory, device or pipe)"
+            "new file, or to a receipts file to overwrite (not a directory, device, pipe or "
+            "other file)"
         ]
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import fcntl
 import gc
 import html
@@ -1327,6 +1328,48 @@ def test_a_command_that_runs_no_test_leaves_the_receipts_file_alone(
     pytester.runpytest("-n", "2", "--mailbox-receipts=receipts.jsonl").assert_outcomes(passed=1)
     (line,) = (pytester.path / "receipts.jsonl").read_text().splitlines()
     assert line not in before
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_receipts_path_that_holds_something_else_is_refused_not_emptied(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # `--mailbox-receipts test_signup.py`, its value forgotten: the test module was taken
+    # for the receipts file and emptied at collection, so "no tests ran".
+    module = pytester.makepyfile(test_signup="def test_it(isolated_mailbox): pass")
+    source = module.read_bytes()
+    pytester.path.joinpath("README.md").write_text("# notes\n", encoding="utf-8")
+
+    forgotten = pytester.runpytest("-n", workers, "--mailbox-receipts", "test_signup.py")
+    pytester.makeini("[pytest]\nmailbox_receipts = README.md\n")
+    in_the_ini = pytester.runpytest("-n", workers)
+
+    assert forgotten.ret == in_the_ini.ret == pytest.ExitCode.USAGE_ERROR
+    forgotten.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-mailbox: --mailbox-receipts='test_signup.py' holds something other "
+            "than receipts, and the run would empty it; give a new file or a receipts file, "
+            "such as receipts.jsonl (the option takes the word after it as its value: write "
+            "--mailbox-receipts=receipts.jsonl)"
+        ]
+    )
+    in_the_ini.stderr.fnmatch_lines(
+        [
+            "ERROR: pytest-mailbox: ini mailbox_receipts='*README.md' holds something other "
+            "than receipts, and the run would empty it; give a new file or a receipts file, "
+            "such as receipts.jsonl"
+        ]
+    )
+    assert module.read_bytes() == source
+    assert pytester.path.joinpath("README.md").read_text(encoding="utf-8") == "# notes\n"
+    # A receipts file an earlier run wrote, behind a BOM or not, and an empty one, are taken.
+    pytester.makeini("[pytest]\n")
+    pytester.runpytest("-n", workers, "--mailbox-receipts=r.jsonl").assert_outcomes(passed=1)
+    written = pytester.path.joinpath("r.jsonl").read_bytes()
+    pytester.path.joinpath("r.jsonl").write_bytes(codecs.BOM_UTF8 + written)
+    pytester.runpytest("-n", workers, "--mailbox-receipts=r.jsonl").assert_outcomes(passed=1)
+    pytester.path.joinpath("empty.jsonl").write_bytes(b"")
+    pytester.runpytest("-n", workers, "--mailbox-receipts=empty.jsonl").assert_outcomes(passed=1)
 
 
 def test_a_session_that_fails_in_collection_leaves_no_receipts_of_the_last_run(

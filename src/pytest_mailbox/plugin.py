@@ -161,6 +161,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # given on the command line, the same for two runs.
     config.stash[_run_key] = workerinput.get(_RUN_INPUT) or uuid.uuid4().hex
     if settings.receipts is not None and not _is_worker(config):
+        if not _holds_receipts(settings.receipts):
+            # The run empties it: a test module that `--mailbox-receipts test_x.py` (its
+            # value forgotten) took for the path was emptied, its tests never run.
+            source = settings.sources["receipts"]
+            msg = (
+                f"pytest-mailbox: {source}={str(settings.receipts)!r} holds something other "
+                "than receipts, and the run would empty it; give a new file or a receipts "
+                "file, such as receipts.jsonl"
+            )
+            if source == "--mailbox-receipts":
+                msg += (
+                    " (the option takes the word after it as its value: write "
+                    "--mailbox-receipts=receipts.jsonl)"
+                )
+            raise pytest.UsageError(msg)
         try:
             writer = _ReceiptWriter(settings.receipts)
         except OSError as exc:  # a parent that is a file, a read-only place, …
@@ -1310,6 +1325,31 @@ def _lists_only(config: pytest.Config) -> bool:
         or option.show_fixtures_per_test
         or getattr(option, "setupplan", False)
     )
+
+
+def _holds_receipts(path: Path) -> bool:
+    """Whether the run may empty ``path``: it is new, blank, or its first line is a receipt
+    (a JSON object with a run_id and a mailbox_id, as an earlier run wrote it). Read with
+    ``json``: a run without mail tests imports no pydantic."""
+    import json  # noqa: PLC0415 - only where a receipts file is given
+
+    if not path.is_file():  # new; or no file to read (a pipe would block): refused later
+        return True
+    try:
+        with path.open("rb") as stream:
+            for line in iter(lambda: stream.readline(1 << 24), b""):
+                first = line.removeprefix(codecs.BOM_UTF8).strip()
+                if first:
+                    break
+            else:
+                return True  # empty, or blank lines only
+    except OSError:  # unreadable: the writer's own error says why
+        return True
+    try:
+        found = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(found, dict) and "run_id" in found and "mailbox_id" in found
 
 
 class _ReceiptWriter:

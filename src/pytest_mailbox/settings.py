@@ -215,7 +215,8 @@ OPTIONS: tuple[Option, ...] = (
         "Write every run's receipt to this JSON Lines file (default: none; its folder is made "
         "if missing)",
         "",
-        "a path to a regular file, new or to overwrite (not a directory, device or pipe)",
+        "a path to a new file, or to a receipts file to overwrite (not a directory, device, pipe "
+        "or other file)",
         _path,
     ),
     Option(
