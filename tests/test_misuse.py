@@ -883,7 +883,7 @@ _KEPT_QUOTES += "file, -o, an option and a variable keep them)"
             [],
             {},
             'ini mailbox_link_domains=\'[[]"a.test", "b.test"]\' is invalid: a list in brackets '
-            "is TOML, which only pyproject.toml reads; here write "
+            "is TOML, which only pyproject.toml reads; write "
             "mailbox_link_domains = a.test, b.test",
         ),
         (
@@ -891,7 +891,14 @@ _KEPT_QUOTES += "file, -o, an option and a variable keep them)"
             ["-o", "mailbox_allowed_domains=['a.test']"],
             {},
             "-o mailbox_allowed_domains=\"[[]'a.test']\" is invalid: a list in brackets is TOML, "
-            "which only pyproject.toml reads; here write -o mailbox_allowed_domains=a.test",
+            "which only pyproject.toml reads; write -o mailbox_allowed_domains=a.test",
+        ),
+        (  # two quoted names, not one name in quotes
+            {"pytest.ini": '[pytest]\nmailbox_allowed_domains = "a.test", "b.test"\n'},
+            [],
+            {},
+            f'ini mailbox_allowed_domains=\'"a.test", "b.test"\' is invalid: {_KEPT_QUOTES}; '
+            "write mailbox_allowed_domains = a.test, b.test",
         ),
         (  # as a docker --env-file or a CI's YAML may hand it over
             {},
@@ -908,7 +915,7 @@ _KEPT_QUOTES += "file, -o, an option and a variable keep them)"
             "write --mailbox-receipts=r.jsonl",
         ),
     ],
-    ids=["pytest.ini", "setup.cfg", "tox.ini", "-o", "env", "option"],
+    ids=["pytest.ini", "setup.cfg", "tox.ini", "-o", "quoted names", "env", "option"],
 )
 def test_a_value_written_as_toml_where_it_is_taken_as_written_is_refused_saying_how_to_write_it(
     pytester: pytest.Pytester,

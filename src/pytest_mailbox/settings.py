@@ -510,23 +510,24 @@ def _refuse_toml_written(option: Option, source: str, text: str) -> None:
     (``pytest.ini``, ``tox.ini``, ``setup.cfg``), ``-o``, an option or a variable keeps the
     quotes of ``mailbox_receipts = "r.jsonl"`` (a file named ``"r.jsonl"``, quotes and all)
     and the brackets of ``["a.test"]``. ``ValueError`` says how to write it there."""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+    listed = text.startswith("[") and text.endswith("]")
+    if option.many and (listed or any(quote in text for quote in "'\"")):
+        # Each name without its quotes: "a.test", "b.test" is two quoted names, not one.
+        inner = text[1:-1] if listed else text
+        names = [name.strip("'\"") for name in inner.replace(",", " ").split()]
+        fix = _written(option, source, ", ".join(name for name in names if name))
+    elif len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         fix = _written(option, source, text[1:-1].strip())
-        msg = (
-            f"{source}={text!r} is invalid: its quotes would be part of the value (only "
-            f"pyproject.toml reads quotes; an ini file, -o, an option and a variable keep "
-            f"them); write {fix}"
-        )
-        raise ValueError(msg)
-    if option.many and text.startswith("[") and text.endswith("]"):
-        names = ", ".join(
-            name.strip().strip("'\"").strip() for name in text[1:-1].split(",") if name.strip()
-        )
-        msg = (
-            f"{source}={text!r} is invalid: a list in brackets is TOML, which only "
-            f"pyproject.toml reads; here write {_written(option, source, names)}"
-        )
-        raise ValueError(msg)
+    else:
+        return
+    why = (
+        "a list in brackets is TOML, which only pyproject.toml reads"
+        if listed
+        else "its quotes would be part of the value (only pyproject.toml reads quotes; an ini "
+        "file, -o, an option and a variable keep them)"
+    )
+    msg = f"{source}={text!r} is invalid: {why}; write {fix}"
+    raise ValueError(msg)
 
 
 #: What a switch is written as: a file path given as one is a switch mistaken for a path.
