@@ -34,7 +34,15 @@ from pytest_mailbox.errors import (
     WaitTimeout,
 )
 from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
-from pytest_mailbox.store import _OPEN, SWEEP_EVERY, Delivery, MailboxRow, MessageRow, Store
+from pytest_mailbox.store import (
+    _EARLIER_RUNS_MAIL,
+    _OPEN,
+    SWEEP_EVERY,
+    Delivery,
+    MailboxRow,
+    MessageRow,
+    Store,
+)
 
 
 def reserve(
@@ -1104,6 +1112,21 @@ def test_the_lease_sweep_reads_only_claimed_messages_through_their_index(store: 
     )
     assert [row[3] for row in plan] == [
         "SEARCH messages USING INDEX messages_leases (lease_until<?)"
+    ]
+
+
+def test_a_timeouts_look_for_earlier_runs_mail_reads_the_tests_mailboxes_by_index(
+    store: Store,
+) -> None:
+    # Joined on the owner with no index on it and ordered by the message's seq, SQLite
+    # scanned every message of the store, newest first, at each timeout: 150 ms with
+    # 300,000 messages, and on in step with the store.
+    plan = store._conn().execute(f"EXPLAIN QUERY PLAN {_EARLIER_RUNS_MAIL}", ("mbx-x", T0, 20))
+    assert [row[3] for row in plan] == [
+        "SEARCH b USING INDEX sqlite_autoindex_mailboxes_1 (mailbox_id=?)",
+        "SEARCH o USING INDEX mailboxes_owner (owner=? AND testrun=?)",
+        "SEARCH m USING INDEX messages_mailbox (mailbox_id=?)",
+        "USE TEMP B-TREE FOR ORDER BY",
     ]
 
 
