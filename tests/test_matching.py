@@ -1521,6 +1521,35 @@ def test_a_near_miss_escapes_a_direction_override_in_the_senders_address(
     assert "\u202e" not in str(timed_out.value)
 
 
+@pytest.mark.parametrize("where", ["look-alike", "earlier run"])
+def test_a_near_miss_escapes_a_direction_override_in_the_envelope_recipient(
+    mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox, where: str
+) -> None:
+    """An envelope recipient's tag taken with SMTPUTF8 may hold a right-to-left override:
+    the near miss of mail for a look-alike alias, or for this test's closed mailbox (an
+    earlier attempt's, here another of the same test), printed it as it is, and the
+    terminal reordered the line."""
+    if where == "earlier run":
+        second_mailbox.close(success=True)
+        alias, domain = second_mailbox.alias, second_mailbox.domain
+    else:
+        alias, domain = isolated_mailbox.alias + "x", isolated_mailbox.domain
+    rcpt = f"{alias}+ab\u202ecd@{domain}"
+    raw = f"From: a@app.example.test\r\nTo: {rcpt}\r\nSubject: Hi\r\n\r\nx\r\n"
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as smtp:
+        smtp.ehlo()
+        smtp.sendmail("a@app.example.test", [rcpt], raw.encode(), ["SMTPUTF8"])
+
+    with pytest.raises(WaitTimeout) as timed_out:
+        isolated_mailbox.wait_for(subject="Welcome", timeout=0.01)
+
+    shown = "is not" if where == "look-alike" else "the address of an earlier run"
+    assert f"{alias}+ab\\u202ecd@{domain}{',' if shown != 'is not' else ''} {shown}" in str(
+        timed_out.value
+    )
+    assert "\u202e" not in str(timed_out.value)
+
+
 def test_the_receipt_masks_a_code_the_test_took_from_another_mailbox(
     mailbox_server: MailSink, isolated_mailbox: Mailbox, second_mailbox: Mailbox
 ) -> None:

@@ -168,10 +168,12 @@ def _tag(tag: str | None) -> str:
 
 def _tag_masked(address: str) -> str:
     """A look-alike's envelope recipient with its tag masked (a reply-by-mail token), its
-    alias as written: the typo is what a reader compares with the test's own alias."""
+    alias as written: the typo is what a reader compares with the test's own alias. A
+    character that shows nothing (a direction override in a tag taken with SMTPUTF8) is
+    escaped, as in a sender's address: it reordered the near miss's line in a terminal."""
     local, at, domain = address.rpartition("@")
     alias, plus, tag = local.partition("+")
-    return f"{alias}{plus}{mask_tag(tag) if tag else ''}{at}{domain}"
+    return _visible(f"{alias}{plus}{mask_tag(tag) if tag else ''}{at}{domain}")
 
 
 def _similar(alias: str, mine: str) -> bool:
