@@ -389,7 +389,7 @@ _EARLIER_RUNS_MAIL = (
     "FROM mailboxes b CROSS JOIN mailboxes o CROSS JOIN messages m "
     "WHERE b.mailbox_id = ? AND b.owner != '' "
     "AND o.owner = b.owner AND o.testrun = b.testrun "
-    f"AND o.mailbox_id != b.mailbox_id AND NOT o.{_OPEN} "
+    f"AND o.mailbox_id != b.mailbox_id AND NOT o.{_OPEN} AND o.closed_at <= b.created_at "
     "AND m.mailbox_id = o.mailbox_id AND m.received_at >= ? AND m.received_at >= o.closed_at "
     "ORDER BY m.seq DESC LIMIT ?"
 )
@@ -1011,10 +1011,11 @@ class Store:
     ) -> list[tuple[MessageRow, str, str]]:
         """Mail received since ``since`` for the closed mailboxes of the test that reserved
         ``mailbox_id`` (its owner, a node id) in the same pytest run, once they were closed:
-        its earlier attempts (a rerun, a repetition under one node id), to which an app
-        that kept their address still sends; not what the same test running at once in
-        another worker (``--dist each``) got while open. (message, that mailbox's address,
-        its run id), oldest first."""
+        its earlier attempts (a rerun, a repetition under one node id), closed before
+        ``mailbox_id`` was reserved, to which an app that kept their address still sends;
+        not what the same test running at once in another worker (``--dist each``) got
+        while open, nor another mailbox of the same attempt that it closed as it went.
+        (message, that mailbox's address, its run id), oldest first."""
         rows = self._conn().execute(_EARLIER_RUNS_MAIL, (mailbox_id, since, limit)).fetchall()
         return [(_message(r[:-2]), str(r[-2]), str(r[-1])) for r in reversed(rows)]
 
