@@ -305,6 +305,33 @@ def test_a_test_stopped_in_its_teardown_leaves_its_receipt_as_no_success(
     assert claims == sorted(["consumed", "consumed" if "exit" in stop else "released"])
 
 
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_teardown_that_stops_the_tests_other_finalizers_leaves_its_mailbox_no_success(
+    pytester: pytest.Pytester, workers: str
+) -> None:
+    # sys.exit() in a fixture's teardown (or Ctrl-C under --pdb) is an error pytest reports
+    # and goes on from, but it stops the test's other finalizers: the mailbox's teardown
+    # never ran, the session's end closed it as released_success (acking what the test
+    # held) and its receipt reached no receipts file.
+    pytester.makeconftest(SEND_CONFTEST)
+    pytester.makepyfile(STOPPED_IN_TEARDOWN_SUITE.format(stop="raise SystemExit(3)"))
+
+    result, store = _run_apart(pytester, "-n", workers, "--mailbox-receipts=receipts.jsonl")
+
+    result.assert_outcomes(passed=1, errors=1)
+    (line,) = (pytester.path / "receipts.jsonl").read_text().splitlines()
+    receipt = Receipt.model_validate_json(line)
+    assert (receipt.state, receipt.close_reason) == ("released", "released_error")
+    assert [(m.subject, m.state) for m in receipt.messages] == [
+        ("Verify your account", "consumed"),
+        ("Welcome", "waiting"),  # given back, not acked as a success's
+    ]
+    with closing(sqlite3.connect(store)) as db:
+        assert db.execute("SELECT state, close_reason FROM mailboxes").fetchall() == [
+            ("released", "released_error")
+        ]
+
+
 CONTROLLER_EXITS_CONFTEST = """
 import pytest
 

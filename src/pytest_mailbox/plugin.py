@@ -963,6 +963,8 @@ def _made_report(
             if hint is not None:
                 report.sections.append(("mailbox", hint))
     if report.when == "teardown":
+        if report.failed:
+            _left_open(item, report)
         # pytest keeps every item to the end of the session: the receipts are all that stay.
         closed, item.stash[_closed_key] = item.stash.get(_closed_key, []), []
         if report.failed:  # a later fixture's teardown failed the test after its mailbox
@@ -977,6 +979,26 @@ def _made_report(
     _mask_recorded(item, report)
     _mask_json_report(report)
     return report
+
+
+def _left_open(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Close the mailboxes a failed teardown left open, as no success, and put their receipts
+    in its report. What pytest reports as a teardown's error and goes on from, though it
+    stops the test's other finalizers (``sys.exit()`` in a fixture's teardown, Ctrl-C under
+    ``--pdb``), skipped their teardown: the session's end closed them as
+    ``released_success``, acking what the test held, and their receipts reached no file."""
+    opened: list[Mailbox] = item.stash.get(_mailboxes_key, [])
+    for mailbox in list(opened):
+        reopened = mailbox.store.closed  # the session's store, if the last test's teardown
+        try:
+            _close(item, mailbox, success=False)
+        except StoreError:  # the store failed under it: the run's end closes what it can
+            continue
+        finally:
+            if reopened:
+                mailbox.store.close()
+        _, attached = item.stash[_closed_key][-1]
+        report.user_properties.append(attached)
 
 
 def _socket_hint(exc: BaseException | None, host: str) -> str | None:
