@@ -1372,6 +1372,27 @@ def test_a_receipts_path_that_holds_something_else_is_refused_not_emptied(
     pytester.runpytest("-n", workers, "--mailbox-receipts=empty.jsonl").assert_outcomes(passed=1)
 
 
+def test_a_receipts_file_whose_first_receipt_was_cut_short_is_taken(
+    pytester: pytest.Pytester,
+) -> None:
+    # A run cut short as it wrote its first receipt (a full disk, a kill) left half a line:
+    # the file is a receipts file still, not "something other than receipts" to delete.
+    pytester.makepyfile("def test_it(isolated_mailbox): pass")
+    receipts = pytester.path / "r.jsonl"
+    pytester.runpytest("-n", "0", f"--mailbox-receipts={receipts}").assert_outcomes(passed=1)
+    line = receipts.read_bytes()
+    receipts.write_bytes(line[: len(line) // 2])
+
+    result = pytester.runpytest("-n", "0", f"--mailbox-receipts={receipts}")
+
+    result.assert_outcomes(passed=1)
+    (written,) = receipts.read_text(encoding="utf-8").splitlines()
+    assert (
+        json.loads(written)["nodeid"]
+        == "test_a_receipts_file_whose_first_receipt_was_cut_short_is_taken.py::test_it"
+    )
+
+
 def test_a_session_that_fails_in_collection_leaves_no_receipts_of_the_last_run(
     pytester: pytest.Pytester,
 ) -> None:

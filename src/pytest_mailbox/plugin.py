@@ -1351,7 +1351,8 @@ def _lists_only(config: pytest.Config) -> bool:
 
 def _holds_receipts(path: Path) -> bool:
     """Whether the run may empty ``path``: it is new, blank, or its first line is a receipt
-    (a JSON object with a run_id and a mailbox_id, as an earlier run wrote it). Read with
+    (a JSON object with a run_id and a mailbox_id, as an earlier run wrote it) or the start
+    of one (a run cut short mid-line). Read with
     ``json``: a run without mail tests imports no pydantic."""
     import json  # noqa: PLC0415 - only where a receipts file is given
 
@@ -1367,11 +1368,19 @@ def _holds_receipts(path: Path) -> bool:
                 return True  # empty, or blank lines only
     except OSError:  # unreadable: the writer's own error says why
         return True
+    if _RECEIPT_START.match(first):
+        # A receipt, or the start of one: a run cut short as it wrote its first receipt
+        # (a full disk, a kill) left it so, and a receipt longer than a read is cut too.
+        return True
     try:
         found = json.loads(first)
     except ValueError:
         return False
     return isinstance(found, dict) and "run_id" in found and "mailbox_id" in found
+
+
+#: How a receipt's line begins, as the writer writes it (``Receipt``'s first fields).
+_RECEIPT_START = re.compile(rb'\{"version":\d+,"run_id":"')
 
 
 class _ReceiptWriter:
