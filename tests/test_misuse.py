@@ -966,3 +966,47 @@ def test_a_receipts_switch_is_refused_asking_for_a_file(
         ]
     )
     assert sorted(pytester.path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("cli", "ini", "env", "expected"),
+    [
+        (  # a shell splits --mailbox-link-domains=a.test, b.test in two: b.test a path
+            {"link_domains": "['a.test', 'b.test']"},
+            {},
+            {},
+            "write --mailbox-link-domains=a.test,b.test",
+        ),
+        (
+            {},
+            {},
+            {"PYTEST_MAILBOX_ALLOWED_DOMAINS": '"a.test" "b.test"'},
+            "write PYTEST_MAILBOX_ALLOWED_DOMAINS=a.test,b.test",
+        ),
+        (
+            {},
+            {"allowed_domains": '"a.test", "b.test"'},
+            {},
+            "write mailbox_allowed_domains = a.test, b.test",
+        ),
+    ],
+    ids=["option", "env", "ini"],
+)
+def test_the_names_to_write_are_one_word_where_a_shell_would_split_them(
+    cli: dict[str, str], ini: dict[str, str], env: dict[str, str], expected: str
+) -> None:
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        Settings.resolve(cli=cli, ini=ini, env=env)
+
+    assert str(refused.value).endswith(expected)
+
+
+def test_a_quote_inside_a_name_is_no_quoting_to_take_off() -> None:
+    # It said "write --mailbox-allowed-domains=o'brien.test", the value refused, as the fix.
+    with pytest.raises(ValueError, match="is invalid") as refused:
+        Settings.resolve(cli={"allowed_domains": "a.test, o'brien.test"}, ini={}, env={})
+
+    allowed = next(o.allowed for o in OPTIONS if o.name == "allowed_domains")
+    assert str(refused.value) == (
+        f'--mailbox-allowed-domains="a.test, o\'brien.test" is invalid; allowed: {allowed}'
+    )

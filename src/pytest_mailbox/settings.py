@@ -511,11 +511,14 @@ def _refuse_toml_written(option: Option, source: str, text: str) -> None:
     quotes of ``mailbox_receipts = "r.jsonl"`` (a file named ``"r.jsonl"``, quotes and all)
     and the brackets of ``["a.test"]``. ``ValueError`` says how to write it there."""
     listed = text.startswith("[") and text.endswith("]")
-    if option.many and (listed or any(quote in text for quote in "'\"")):
+    words = (text[1:-1] if listed else text).replace(",", " ").split()
+    # A quote inside a name (o'brien.test) is no quoting: the name's own check refuses it.
+    if option.many and (listed or any(w[0] in "'\"" or w[-1] in "'\"" for w in words)):
         # Each name without its quotes: "a.test", "b.test" is two quoted names, not one.
-        inner = text[1:-1] if listed else text
-        names = [name.strip("'\"") for name in inner.replace(",", " ").split()]
-        fix = _written(option, source, ", ".join(name for name in names if name))
+        names = [name for name in (word.strip("'\"") for word in words) if name]
+        # One word on a command line or in a variable (a shell splits "a.test, b.test").
+        taken_as_one = source in (option.flag, option.env) or source.startswith("-o ")
+        fix = _written(option, source, ("," if taken_as_one else ", ").join(names))
     elif len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         fix = _written(option, source, text[1:-1].strip())
     else:
