@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_mailbox import Mailbox, MailSink, Store, WaitTimeout
+from pytest_mailbox.store import REFUSED_MORE, REFUSED_STEPS
 
 #: A tag that looks like a reply-by-mail token: masked wherever a refusal names it.
 TOKEN_TAG = "k7qx9pzl2mn4vb8w"
@@ -223,3 +224,46 @@ def test_mail_for_an_earlier_tests_released_mailbox_is_named_in_the_timeout(
     )
     result.stdout.no_fnmatch_line("*no mail arrived for this mailbox*")
     result.stdout.no_fnmatch_line("*482913*")
+
+
+def test_a_flood_of_refusals_records_a_bounded_number_of_steps(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    """A client that repeats a refused RCPT for a test's alias, on one connection and on
+    another: each wrote a step, a store write and a line of the timeout, into the receipt
+    and JUnit's report (3,000 RCPTs made a 650 KB receipt and an 840 KB JUnit file)."""
+    address = f"{isolated_mailbox.alias}@mailbox.tst"
+    reply = "550 5.7.1 Relaying denied: mailbox.tst is not a test domain of this sink"
+    for _ in range(2):
+        client = Client(mailbox_server)
+        try:
+            assert client.cmd("EHLO app.example.test").startswith(b"250")
+            assert client.cmd("MAIL FROM:<app@example.test>").startswith(b"250")
+            for _ in range(REFUSED_STEPS * 3):
+                assert client.cmd(f"RCPT TO:<{address}>").decode() == reply + "\r\n"
+        finally:
+            client.close()
+
+    steps = refused_steps(mailbox_store, isolated_mailbox)
+    assert steps == [f"RCPT to {address}: {reply}"] * (REFUSED_STEPS - 1) + [
+        f"RCPT to {address}: {reply}{REFUSED_MORE}"
+    ]
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(timeout=0)
+    text = str(caught.value)
+    assert f"refused by the sink for this alias, and not stored ({REFUSED_STEPS}):" in text
+    assert text.count(f"RCPT to {address}") == REFUSED_STEPS
+
+
+def test_a_refusal_is_not_recorded_in_a_mailbox_closed_before_its_write(
+    mailbox_store: Store, isolated_mailbox: Mailbox, second_mailbox: Mailbox
+) -> None:
+    """The sink finds the open mailbox on its event loop and writes the step on its writer
+    thread: a mailbox released in between got a step after its receipt was made."""
+    second_mailbox.release()
+    mailbox_store.note_refused(
+        [(second_mailbox.mailbox_id, "RCPT to x: 452"), (isolated_mailbox.mailbox_id, "RCPT to y")]
+    )
+
+    assert refused_steps(mailbox_store, second_mailbox) == []
+    assert refused_steps(mailbox_store, isolated_mailbox) == ["RCPT to y"]

@@ -51,6 +51,17 @@ ACTIVE = ("reserved", "waiting", "claimed", "consumed")
 #: and it reads no column that changes while the mailbox is open: the steps of a test
 #: (waiting, claimed, consumed) rewrite no index page.
 _OPEN = "closed_at IS NULL"
+#: The most ``refused`` steps a mailbox records: a client that repeats a refused ``RCPT``
+#: (10,000 on one connection, or over many) wrote a step, a store write and a timeout's
+#: line each, into the receipt and JUnit's report. The last one says that more go unrecorded.
+REFUSED_STEPS = 10
+#: The count of a mailbox's ``refused`` steps, as a subquery on ``mailboxes``.
+_REFUSED_COUNT = (
+    "(SELECT COUNT(*) FROM events e WHERE e.mailbox_id = mailboxes.mailbox_id"
+    " AND e.status = 'refused')"
+)
+#: What the last ``refused`` step a mailbox records adds to its detail.
+REFUSED_MORE = "; further refusals for this alias are not recorded"
 
 #: A mailbox's timeline, stored in its order (1, 2, 3… per mailbox): recording a step
 #: writes one page, where a rowid table and an index on ``mailbox_id`` wrote two.
@@ -1133,8 +1144,9 @@ class Store:
     @_reads
     def open_aliases(self, aliases: Sequence[str]) -> dict[str, str]:
         """``{alias: mailbox_id}`` of the open mailboxes among ``aliases`` (at any domain:
-        an alias is unique in the store). One indexed read and never a write: in WAL mode it
-        does not wait for writers, so the sink's event loop may call it."""
+        an alias is unique in the store) that have room for a ``refused`` step (fewer than
+        ``REFUSED_STEPS``): a flood of refusals costs a read, never a write. One indexed read:
+        in WAL mode it does not wait for writers, so the sink's event loop may call it."""
         unique = sorted(set(aliases))
         if not unique:
             return {}
@@ -1142,7 +1154,7 @@ class Store:
             self._conn()
             .execute(
                 f"SELECT alias, mailbox_id FROM mailboxes WHERE alias IN ({_marks(unique)})"
-                f" AND {_OPEN}",
+                f" AND {_OPEN} AND {_REFUSED_COUNT} < {REFUSED_STEPS}",
                 unique,
             )
             .fetchall()
@@ -1154,11 +1166,19 @@ class Store:
     ) -> None:
         """Record a ``refused`` step, ``(mailbox_id, detail)``, in each mailbox, as the sink
         answers mail for it with a refusal: nothing was stored, and the mailbox's timeline
-        and a wait's timeout say why."""
+        and a wait's timeout say why. Not in a mailbox closed meanwhile, nor past
+        ``REFUSED_STEPS`` of them: the last says that further ones go unrecorded."""
         with self._write(give_up=give_up) as tx:
             now = self.clock()
             for mailbox_id, detail in steps:
-                tx.event(mailbox_id, now, "refused", detail)
+                row = tx.conn.execute(
+                    f"SELECT {_REFUSED_COUNT} FROM mailboxes WHERE mailbox_id = ? AND {_OPEN}",
+                    (mailbox_id,),
+                ).fetchone()
+                if row is None or row[0] >= REFUSED_STEPS:
+                    continue
+                more = REFUSED_MORE if row[0] == REFUSED_STEPS - 1 else ""
+                tx.event(mailbox_id, now, "refused", detail + more)
 
     def digest(self, value: str) -> tuple[str, str]:
         """The digest and last two characters a receipt shows for ``value``: HMAC-SHA256
