@@ -60,3 +60,30 @@ def test_a_child_forked_while_the_sink_serves_lets_go_of_its_port(tmp_path: Path
                     probe.bind((host, port))  # free for the next session's sink
         finally:
             sink.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_child_forked_while_a_client_is_connected_lets_go_of_its_connection(
+    tmp_path: Path,
+) -> None:
+    """The child held the connection of a client in session when it was forked: the sink,
+    stopping, hung up on it, and the client never saw the connection end (no FIN left the
+    host while the child had the socket open), waiting on it until its own timeout."""
+    with Store(tmp_path / "store.sqlite3") as store:
+        sink = MailSink(store, domains=["mailbox.test"]).start()
+        try:
+            with socket.create_connection((sink.host, sink.port), timeout=30) as client:
+                reader = client.makefile("rb")
+                assert reader.readline().startswith(b"220")
+                client.sendall(b"EHLO app.example.test\r\n")
+                line = reader.readline()
+                while line[3:4] == b"-":  # the session is set up: its transport is the sink's
+                    line = reader.readline()
+                assert line.startswith(b"250 ")
+                with forked_child():
+                    sink.stop()
+
+                    assert reader.read() == b""  # the end of the connection, not a timeout
+                reader.close()
+        finally:
+            sink.stop()

@@ -1080,15 +1080,19 @@ class MailSink(SmtpEndpoint):
         ``/dev/null``. The child serves nothing (the sink's thread is not forked), and one
         that outlived the sink (an app server, a ``multiprocessing`` worker) held its port,
         listening with no one to accept: a client's connection was queued and never got a
-        banner, and fixed-port mode's next session could not bind the port. Closing it
-        would leave the socket object's own close to fail."""
-        listener = self._listener
-        fd = -1 if listener is None else listener.fileno()
-        if fd < 0:
+        banner, and fixed-port mode's next session could not bind the port. Its clients'
+        connections too: one the sink hung up on stayed open while the child lived, and its
+        client waited for the end of it. Closing them would leave the socket objects' own
+        close to fail."""
+        sockets: list[Any] = [self._listener]
+        sockets.extend(transport.get_extra_info("socket") for transport in self._transports)
+        fds = [fd for sock in sockets if sock is not None and (fd := sock.fileno()) >= 0]
+        if not fds:
             return
         devnull = os.open(os.devnull, os.O_RDWR)
         try:
-            os.dup2(devnull, fd)
+            for fd in fds:
+                os.dup2(devnull, fd)
         finally:
             os.close(devnull)
 
