@@ -267,3 +267,49 @@ def test_a_refusal_is_not_recorded_in_a_mailbox_closed_before_its_write(
 
     assert refused_steps(mailbox_store, second_mailbox) == []
     assert refused_steps(mailbox_store, isolated_mailbox) == ["RCPT to y"]
+
+
+def test_a_recipient_taken_and_then_refused_again_past_the_cap_is_no_refusal(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    """The alias taken first, then again as the 101st recipient (To and Bcc): the message
+    reached the mailbox, and the timeout said it was "refused ... and not stored"."""
+    client = Client(mailbox_server)
+    try:
+        assert client.cmd("EHLO app.example.test").startswith(b"250")
+        assert client.cmd("MAIL FROM:<app@example.test>").startswith(b"250")
+        others = [f"reader{i}@mailbox.test" for i in range(99)]
+        for rcpt in [isolated_mailbox.address, *others]:
+            assert client.cmd(f"RCPT TO:<{rcpt}>").startswith(b"250")
+        assert client.cmd(f"RCPT TO:<{isolated_mailbox.address}>").startswith(b"452 4.5.3")
+        assert client.cmd("DATA").startswith(b"354")
+        assert client.cmd("Subject: Welcome\r\n\r\nhello\r\n.").startswith(b"250")
+    finally:
+        client.close()
+
+    assert refused_steps(mailbox_store, isolated_mailbox) == []
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(subject="Reset", timeout=0)
+    assert "refused by the sink" not in str(caught.value)
+    assert "'Welcome': subject is not 'Reset'" in str(caught.value)
+
+
+def test_a_message_refused_at_data_is_one_step_for_an_alias_it_names_twice(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    """The alias in To and in Cc: one message refused, and one step, not one a recipient."""
+    client = Client(mailbox_server)
+    try:
+        assert client.cmd("EHLO app.example.test").startswith(b"250")
+        assert client.cmd("MAIL FROM:<app@example.test>").startswith(b"250")
+        for _ in range(3):
+            assert client.cmd(f"RCPT TO:<{isolated_mailbox.address}>").startswith(b"250")
+        assert client.cmd("DATA").startswith(b"354")
+        assert client.cmd(f"Subject: Welcome\r\n\r\n{'x' * 999}\r\n.").startswith(b"500")
+    finally:
+        client.close()
+
+    too_long = "500 Line too long (see RFC5321 4.5.3.1.6)"
+    assert refused_steps(mailbox_store, isolated_mailbox) == [
+        f"DATA to {isolated_mailbox.address}: {too_long}"
+    ]

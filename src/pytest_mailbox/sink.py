@@ -265,7 +265,7 @@ class _Handler:
                 f"452 4.5.3 Too many recipients: at most {limit} per message "
                 "(mailbox_max_recipients); send the rest in another message"
             )
-            await self.sink.note_refused([address], "RCPT", reply)
+            await self.sink.note_refused([address], "RCPT", reply, taken=envelope.rcpt_tos)
             return reply
         problem = _address_problem(address, envelope.smtp_utf8)
         if problem is not None:
@@ -907,19 +907,34 @@ class MailSink(SmtpEndpoint):
         else:
             settle(None)
 
-    async def note_refused(self, recipients: Iterable[str], stage: str, reply: str) -> None:
+    async def note_refused(
+        self, recipients: Iterable[str], stage: str, reply: str, *, taken: Sequence[str] = ()
+    ) -> None:
         """Before the sink answers ``reply`` to mail for ``recipients``: a ``refused`` step in
         the open mailbox of each whose alias is a test's (at any domain), so that its
         timeline and a wait's timeout say what the sink refused, where nothing was stored.
-        The reply goes out whatever happens here: a store error is logged, by type."""
-        steps = [step for rcpt in recipients if (step := _refused_step(rcpt, stage, reply))]
+        Once per mailbox and reply (a message to the alias in To and Cc), and none for a
+        recipient among ``taken``, the message's recipients accepted already: refused again
+        past the cap, it still gets the message. The reply goes out whatever happens here:
+        a store error is logged, by type."""
+        steps = [(rcpt, step) for rcpt in recipients if (step := _refused_step(rcpt, stage, reply))]
         try:
-            mailboxes = self.store.open_aliases([alias for alias, _ in steps])
+            mailboxes = self.store.open_aliases([alias for _, (alias, _) in steps])
             if mailboxes:  # rare: a test's own mail; else no write at all
-                found = [(mailboxes[alias], step) for alias, step in steps if alias in mailboxes]
-                await self.in_writer(
-                    functools.partial(self.store.note_refused, found, give_up=self._stopping)
-                )
+                kept = {split_address(rcpt) for rcpt in taken}
+                found = [
+                    (mailboxes[alias], detail)
+                    for rcpt, (alias, detail) in steps
+                    if alias in mailboxes and split_address(rcpt) not in kept
+                ]
+                if found:
+                    await self.in_writer(
+                        functools.partial(
+                            self.store.note_refused,
+                            list(dict.fromkeys(found)),
+                            give_up=self._stopping,
+                        )
+                    )
         except Exception as exc:
             log.warning("pytest-mailbox sink could not record a refusal: %s", type(exc).__name__)
 
