@@ -11,12 +11,15 @@ mail arrived ... is the app sending to the sink?" while the sink had answered it
 from __future__ import annotations
 
 import json
+import smtplib
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pytest_mailbox import Mailbox, MailSink, Store, WaitTimeout
+from pytest_mailbox import EmailContract, Mailbox, MailSink, Store, WaitTimeout
 from pytest_mailbox.store import REFUSED_MORE, REFUSED_STEPS
 
 #: A tag that looks like a reply-by-mail token: masked wherever a refusal names it.
@@ -313,3 +316,32 @@ def test_a_message_refused_at_data_is_one_step_for_an_alias_it_names_twice(
     assert refused_steps(mailbox_store, isolated_mailbox) == [
         f"DATA to {isolated_mailbox.address}: {too_long}"
     ]
+
+
+def test_mail_for_another_programs_released_mailbox_is_not_named_outside_a_test_run(
+    tmp_path: Path,
+) -> None:
+    """Mailboxes reserved through the library API (getting-started's script) have no
+    worker and no test run: every process's were "this process's", and a script's timeout
+    named the mailbox another program, or its run before, had released."""
+    path = tmp_path / "mail.sqlite3"
+    script = f"""
+from pytest_mailbox import EmailContract, Mailbox, Store
+with Store({str(path)!r}) as store:
+    box = Mailbox.reserve(store, contract=EmailContract(purpose="signup"), domain="mailbox.test")
+    box.close(success=True)
+    print(box.address)
+"""
+    earlier = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    with Store(path) as store, MailSink(store, domains=["mailbox.test"]) as sink:
+        box = Mailbox.reserve(store, contract=EmailContract(purpose="reset"), domain="mailbox.test")
+        with smtplib.SMTP(sink.host, sink.port) as smtp:
+            smtp.sendmail("app@example.test", [earlier], "Subject: Reset\r\n\r\nhi\r\n")
+        with pytest.raises(WaitTimeout) as caught:
+            box.wait_for(subject="Reset", timeout=0)
+        box.close(success=True)
+
+    assert earlier.split("@")[0] not in str(caught.value)
+    assert "no mail arrived for this mailbox" in str(caught.value)

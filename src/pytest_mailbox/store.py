@@ -1037,7 +1037,11 @@ class Store:
         """The newest mail since ``since`` for mailboxes that ``worker`` reserved in
         ``testrun`` and had closed before it came (late mail of an earlier test: an app
         that kept its address), with each one's mailbox, oldest first. Not a mailbox of
-        ``owner``'s (unless ``""``): an earlier attempt's, ``earlier_runs_mail`` names it."""
+        ``owner``'s (unless ``""``): an earlier attempt's, ``earlier_runs_mail`` names it.
+        None without a ``testrun``: a mailbox reserved through the library API has none, nor
+        a worker, and another program's, or its run before, would be named as this one's."""
+        if not testrun:
+            return []
         rows = (
             self._conn()
             .execute(
