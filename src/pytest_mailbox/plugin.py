@@ -6,6 +6,7 @@ PYTEST_DONT_REWRITE, as the package says (a conftest's ``pytest_plugins`` names 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import html
 import os
 import re
@@ -170,7 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 "than receipts, and the run would empty it; give a new file or a receipts "
                 "file, such as receipts.jsonl"
             )
-            if source == "--mailbox-receipts":
+            if source == next(o.flag for o in OPTIONS if o.name == "receipts"):
                 msg += (
                     " (the option takes the word after it as its value: write "
                     "--mailbox-receipts=receipts.jsonl)"
@@ -634,8 +635,8 @@ class _Fixtures:
         _close(item, mailbox, success=passed)
 
 
-def _close(item: pytest.Item, mailbox: Mailbox, *, success: bool) -> None:
-    """Close one of the test's mailboxes, and attach its receipt to the test."""
+def _close(item: pytest.Item, mailbox: Mailbox, *, success: bool) -> tuple[str, object]:
+    """Close one of the test's mailboxes, and attach its receipt to the test (returned)."""
     from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
 
     receipt = mailbox.close(success=success).model_copy(
@@ -646,6 +647,33 @@ def _close(item: pytest.Item, mailbox: Mailbox, *, success: bool) -> None:
     item.stash.setdefault(_attached_key, []).append(attached)
     item.stash.setdefault(_closed_key, []).append((mailbox, attached))
     item.stash[_mailboxes_key].remove(mailbox)
+    return attached
+
+
+def _close_left_open(item: pytest.Item) -> list[tuple[str, object]]:
+    """Close the test's mailboxes still open, as no success; the receipts attached."""
+    attached = []
+    opened: list[Mailbox] = item.stash.get(_mailboxes_key, [])
+    for mailbox in list(opened):
+        try:
+            with _kept_closed(mailbox.store):
+                attached.append(_close(item, mailbox, success=False))
+        except StoreError:  # the store failed under it: the run's end closes what it can
+            continue
+    return attached
+
+
+@contextlib.contextmanager
+def _kept_closed(store: Store) -> Iterator[None]:
+    """Use ``store`` and leave it closed if it was: the last test's teardown closes the
+    session's store first, and what a use after opens again is closed again here (Python
+    3.13 warns of a connection left to the collector)."""
+    reopened = store.closed
+    try:
+        yield
+    finally:
+        if reopened:
+            store.close()
 
 
 def _stored_id(nodeid: str) -> str:
@@ -884,16 +912,7 @@ def _stopped_in_teardown(item: pytest.Item) -> None:
     (``pytest.exit()`` lets the other finalizers run) becomes ``released_error``, one whose
     teardown never ran (Ctrl-C stops them) is closed here, and their receipts go to the
     receipts file."""
-    opened: list[Mailbox] = item.stash.get(_mailboxes_key, [])
-    for mailbox in list(opened):
-        reopened = mailbox.store.closed  # the session's store, closed at its teardown
-        try:
-            _close(item, mailbox, success=False)
-        except StoreError:  # the store failed under it: the run's end closes what it can
-            continue
-        finally:
-            if reopened:
-                mailbox.store.close()
+    _close_left_open(item)
     closed = item.stash.get(_closed_key, [])
     if not closed:  # none, or its teardown's report carried them before the interrupt
         return
@@ -987,18 +1006,7 @@ def _left_open(item: pytest.Item, report: pytest.TestReport) -> None:
     stops the test's other finalizers (``sys.exit()`` in a fixture's teardown, Ctrl-C under
     ``--pdb``), skipped their teardown: the session's end closed them as
     ``released_success``, acking what the test held, and their receipts reached no file."""
-    opened: list[Mailbox] = item.stash.get(_mailboxes_key, [])
-    for mailbox in list(opened):
-        reopened = mailbox.store.closed  # the session's store, if the last test's teardown
-        try:
-            _close(item, mailbox, success=False)
-        except StoreError:  # the store failed under it: the run's end closes what it can
-            continue
-        finally:
-            if reopened:
-                mailbox.store.close()
-        _, attached = item.stash[_closed_key][-1]
-        report.user_properties.append(attached)
+    report.user_properties.extend(_close_left_open(item))
 
 
 def _socket_hint(exc: BaseException | None, host: str) -> str | None:
@@ -1061,19 +1069,14 @@ def _teardown_failed(
     from pytest_mailbox.contract import dump_receipt  # noqa: PLC0415 - see TYPE_CHECKING
 
     for mailbox, attached in closed:
-        # The last test's teardown closed the session's store first: what this opens again
-        # is closed again here (Python 3.13 warns of a connection left to the collector).
-        reopened = mailbox.store.closed
         try:
-            mailbox.did_not_pass()
-            receipt = mailbox.receipt().model_copy(
-                update={"testrun_uid": item.config.stash[_testrun_key]}
-            )
+            with _kept_closed(mailbox.store):
+                mailbox.did_not_pass()
+                receipt = mailbox.receipt().model_copy(
+                    update={"testrun_uid": item.config.stash[_testrun_key]}
+                )
         except StoreError:  # the store failed since: the receipt it left stands
             continue
-        finally:
-            if reopened:
-                mailbox.store.close()
         now = (RECEIPT_PROPERTY, dump_receipt(receipt))
         for properties in (report.user_properties, item.user_properties):
             properties[:] = [now if p is attached else p for p in properties]
@@ -1684,15 +1687,11 @@ class _Reported:
         # A failed teardown (or its rerun) is no pass, and its report shows the timeline.
         if not (passed and report.passed):
             return
-        if report.nodeid not in self.expired and any(
-            _EXPIRED.search(value) for value, _ in receipts
-        ):
+        if report.nodeid in self.expired:
+            return
+        if any(_EXPIRED.search(value) for value, _ in receipts):
             self.expired.append(report.nodeid)
-        elif (
-            report.nodeid not in self.expired
-            and report.nodeid not in self.lapsed
-            and any(_lapsed(value) for value, _ in receipts)
-        ):
+        elif report.nodeid not in self.lapsed and any(_lapsed(value) for value, _ in receipts):
             self.lapsed.append(report.nodeid)
 
     def _named(self, tests: list[str]) -> str:
