@@ -345,3 +345,26 @@ with Store({str(path)!r}) as store:
 
     assert earlier.split("@")[0] not in str(caught.value)
     assert "no mail arrived for this mailbox" in str(caught.value)
+
+
+def test_a_refused_recipients_character_that_shows_nothing_is_escaped_in_the_timeout(
+    mailbox_server: MailSink, mailbox_store: Store, isolated_mailbox: Mailbox
+) -> None:
+    """A direction override in the domain of a refused recipient (taken with SMTPUTF8):
+    the refused step named it as sent, and the timeout printed it raw, which reorders the
+    terminal's line, where a near miss's recipient shows it escaped."""
+    address = f"{isolated_mailbox.alias}@mailbox\u202etest.example"
+    client = Client(mailbox_server)
+    try:
+        assert client.cmd("EHLO app.example.test").startswith(b"250")
+        assert client.cmd("MAIL FROM:<app@example.test> SMTPUTF8").startswith(b"250")
+        assert client.cmd(f"RCPT TO:<{address}>").startswith(b"550")
+    finally:
+        client.close()
+
+    (step,) = refused_steps(mailbox_store, isolated_mailbox)
+    with pytest.raises(WaitTimeout) as caught:
+        isolated_mailbox.wait_for(timeout=0)
+    for shown in (step, str(caught.value)):
+        assert "\u202e" not in shown
+        assert f"RCPT to {isolated_mailbox.alias}@mailbox\\u202etest.example: 550" in shown

@@ -40,7 +40,7 @@ from pytest_mailbox.endpoint import (
     unguarded_sockets,
 )
 from pytest_mailbox.errors import StoreError
-from pytest_mailbox.message import index, mask_tag
+from pytest_mailbox.message import _visible, index, mask_tag
 from pytest_mailbox.settings import argument
 from pytest_mailbox.store import Delivery, Incoming, Store, StoreBusy
 
@@ -204,13 +204,15 @@ _NEEDS_SMTPUTF8 = (
 def _refused_step(address: str, stage: str, reply: str) -> tuple[str, str] | None:
     """``(alias, detail)`` of the ``refused`` step for mail to ``address`` that the sink
     answered ``reply`` at ``stage``; None if it is no address. The detail names the
-    recipient with its tag masked (a reply-by-mail token), as a timeout's near misses do."""
+    recipient with its tag masked (a reply-by-mail token) and a character that shows
+    nothing escaped (a direction override, taken with SMTPUTF8), as a timeout's near
+    misses do."""
     parts = split_address(address)
     if parts is None:
         return None
     alias, tag, domain = parts
     shown = f"{alias}+{mask_tag(tag)}" if tag else alias
-    return alias, f"{stage} to {shown}@{domain}: {_shown_reply(reply)}"
+    return alias, f"{stage} to {_visible(f'{shown}@{domain}')}: {_shown_reply(reply)}"
 
 
 def _shown_reply(reply: str) -> str:
