@@ -968,6 +968,15 @@ def test_a_receipts_switch_is_refused_asking_for_a_file(
     assert sorted(pytester.path.iterdir()) == before
 
 
+@pytest.mark.parametrize("value", [1, 0])
+def test_a_receipts_switch_written_as_a_toml_number_is_refused_too(value: int) -> None:
+    """pytest 9's native ``[tool.pytest]`` table hands a TOML number over as it is:
+    ``mailbox_receipts = 1`` named a file ``1``, where the same line in an ini file is
+    refused as a switch."""
+    with pytest.raises(ValueError, match="is the file to write the receipts to, not a switch"):
+        Settings.resolve(cli={}, ini={"receipts": value}, env={})
+
+
 @pytest.mark.parametrize(
     ("cli", "ini", "env", "expected"),
     [

@@ -481,6 +481,7 @@ def _parse(option: Option, value: object, source: str) -> Any:
         _refuse_switch(option, source, text)
     elif isinstance(value, int | float) and not isinstance(value, bool):
         text = str(value)
+        _refuse_switch(option, source, text)  # [tool.pytest]'s mailbox_receipts = 1
     else:  # a TOML boolean, date, table, or a list for a setting of one value
         msg = f"{source}={_toml(value)} is invalid; allowed: {option.allowed}"
         raise ValueError(msg)
