@@ -37,6 +37,7 @@ from pytest_mailbox.mailbox import ClaimedMessage, Mailbox
 from pytest_mailbox.store import (
     _EARLIER_RUNS_MAIL,
     _OPEN,
+    _REFUSED_COUNT,
     SWEEP_EVERY,
     Delivery,
     MailboxRow,
@@ -1130,6 +1131,17 @@ def test_a_timeouts_look_for_earlier_runs_mail_reads_the_tests_mailboxes_by_inde
     ]
 
 
+def test_the_cap_on_refused_steps_counts_them_through_their_own_index(store: Store) -> None:
+    # The sink's event loop counts them at each refused RCPT for a test's alias: through the
+    # timeline's key, SQLite read every step of the mailbox, and 2,000 refused RCPTs held
+    # the loop 11 s for a mailbox of 100,000 steps, every worker's mail waiting on it.
+    plan = store._conn().execute(
+        f"EXPLAIN QUERY PLAN SELECT {_REFUSED_COUNT} FROM mailboxes WHERE mailbox_id = ?",
+        ("mbx-x",),
+    )
+    assert "SEARCH e USING INDEX events_refused (mailbox_id=?)" in [row[3] for row in plan]
+
+
 def test_a_timeline_is_stored_clustered_by_its_mailbox(store: Store, db: Path) -> None:
     first, second = reserve(store, run_id="run-a"), reserve(store, run_id="run-b")
     deliver(store, first)
@@ -1145,7 +1157,13 @@ def test_a_timeline_is_stored_clustered_by_its_mailbox(store: Store, db: Path) -
     )
     [(sql,)] = rows(db, "SELECT sql FROM sqlite_master WHERE name = 'events'")
     assert sql.endswith("WITHOUT ROWID")
-    assert rows(db, "SELECT name FROM sqlite_master WHERE tbl_name = 'events'") == [("events",)]
+    # Its one index holds the refused steps alone: a test's own steps write no page of it.
+    assert rows(db, "SELECT name, sql FROM sqlite_master WHERE tbl_name = 'events'")[1:] == [
+        (
+            "events_refused",
+            "CREATE INDEX events_refused ON events (mailbox_id) WHERE status = 'refused'",
+        )
+    ]
 
 
 def test_fences_without_update_returning_still_only_grow(
@@ -1237,6 +1255,8 @@ def test_a_timeline_from_the_previous_schema_keeps_its_order(db: Path, clock: Cl
     ]
     tables = {name for (name,) in rows(db, "SELECT name FROM sqlite_master WHERE type='table'")}
     assert "events_v1" not in tables
+    indexes = {name for (name,) in rows(db, "SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "events_refused" in indexes  # made again with the table: the cap's count reads it
 
 
 def test_a_failed_history_read_leaves_the_connection_out_of_its_transaction(

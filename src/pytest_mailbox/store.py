@@ -55,10 +55,12 @@ _OPEN = "closed_at IS NULL"
 #: (10,000 on one connection, or over many) wrote a step, a store write and a timeout's
 #: line each, into the receipt and JUnit's report. The last one says that more go unrecorded.
 REFUSED_STEPS = 10
-#: The count of a mailbox's ``refused`` steps, as a subquery on ``mailboxes``.
+#: The count of a mailbox's ``refused`` steps, as a subquery on ``mailboxes``: through their
+#: own index (the sink's event loop reads it at each refused ``RCPT``), where SQLite chose
+#: the timeline's key and read every step of the mailbox (4 ms at 100,000 steps, each time).
 _REFUSED_COUNT = (
-    "(SELECT COUNT(*) FROM events e WHERE e.mailbox_id = mailboxes.mailbox_id"
-    " AND e.status = 'refused')"
+    "(SELECT COUNT(*) FROM events e INDEXED BY events_refused"
+    " WHERE e.mailbox_id = mailboxes.mailbox_id AND e.status = 'refused')"
 )
 #: What the last ``refused`` step a mailbox records adds to its detail.
 REFUSED_MORE = "; further refusals for this alias are not recorded"
@@ -490,6 +492,12 @@ class Store:
                 (events,) = tx.one("SELECT sql FROM sqlite_master WHERE name = 'events'") or ("",)
                 if "WITHOUT ROWID" not in events.upper():  # its ids, store-wide, keep the order
                     tx.executescript_in_tx(_EVENTS_V1_TO_V2)
+                # The refused steps, for their cap (_REFUSED_COUNT): after the migration,
+                # which makes the table again; only a refused step writes to it.
+                tx.run(
+                    "CREATE INDEX IF NOT EXISTS events_refused ON events (mailbox_id)"
+                    " WHERE status = 'refused'"
+                )
                 # The key of the secrets' digests: random, the same for every process.
                 key = secrets.token_bytes(32)
                 tx.run("INSERT OR IGNORE INTO keys VALUES ('digest', ?)", (key,))
