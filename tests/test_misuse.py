@@ -977,6 +977,22 @@ def test_a_receipts_switch_written_as_a_toml_number_is_refused_too(value: int) -
         Settings.resolve(cli={}, ini={"receipts": value}, env={})
 
 
+def test_a_receipts_switch_written_as_a_toml_number_is_fixed_as_toml_writes_a_path(
+    pytester: pytest.Pytester,
+) -> None:
+    """The fix for ``mailbox_receipts = 1`` in ``[tool.pytest]`` is a TOML string: the
+    unquoted ``mailbox_receipts = receipts.jsonl`` it gave is no TOML, and pytest refuses
+    the file; nor is the number shown as the string ``'1'``."""
+    pytester.makepyprojecttoml("[tool.pytest]\nmailbox_receipts = 1\n")
+    pytester.makepyfile("def test_one():\n    pass\n")
+
+    result = pytester.runpytest_subprocess()
+
+    result.stderr.fnmatch_lines(
+        ['*mailbox_receipts=1 is invalid: *; write mailbox_receipts = "receipts.jsonl", or *']
+    )
+
+
 @pytest.mark.parametrize(
     ("cli", "ini", "env", "expected"),
     [

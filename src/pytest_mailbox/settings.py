@@ -481,7 +481,7 @@ def _parse(option: Option, value: object, source: str) -> Any:
         _refuse_switch(option, source, text)
     elif isinstance(value, int | float) and not isinstance(value, bool):
         text = str(value)
-        _refuse_switch(option, source, text)  # [tool.pytest]'s mailbox_receipts = 1
+        _refuse_switch(option, source, text, toml=True)  # [tool.pytest]'s mailbox_receipts = 1
     else:  # a TOML boolean, date, table, or a list for a setting of one value
         msg = f"{source}={_toml(value)} is invalid; allowed: {option.allowed}"
         raise ValueError(msg)
@@ -538,15 +538,21 @@ def _refuse_toml_written(option: Option, source: str, text: str) -> None:
 _SWITCHES = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
 
 
-def _refuse_switch(option: Option, source: str, text: str) -> None:
+def _refuse_switch(option: Option, source: str, text: str, *, toml: bool = False) -> None:
     """``mailbox_receipts = true`` (``[tool.pytest.ini_options]`` hands pytest's ``True``)
     is a switch, not the file it would have named ``True``: ``ValueError`` says to give a
-    path."""
+    path. A ``toml`` value (a number, from ``[tool.pytest]``) is shown and fixed as TOML
+    writes it: the path in quotes, where ``mailbox_receipts = receipts.jsonl`` is no TOML."""
     if option.name == "receipts" and text.lower() in _SWITCHES:
+        shown = text if toml else repr(text)
+        fix = (
+            f'{option.ini} = "receipts.jsonl"'
+            if toml
+            else _written(option, source, "receipts.jsonl")
+        )
         msg = (
-            f"{source}={text!r} is invalid: {option.ini} is the file to write the receipts "
-            f"to, not a switch; write {_written(option, source, 'receipts.jsonl')}, or give "
-            "none to write no file"
+            f"{source}={shown} is invalid: {option.ini} is the file to write the receipts "
+            f"to, not a switch; write {fix}, or give none to write no file"
         )
         raise ValueError(msg)
 
