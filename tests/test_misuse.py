@@ -977,6 +977,7 @@ def test_a_receipts_switch_written_as_a_toml_number_is_refused_too(value: int) -
         Settings.resolve(cli={}, ini={"receipts": value}, env={})
 
 
+@pytest.mark.skipif(pytest.version_tuple < (9,), reason="pytest 8 has no [tool.pytest] table")
 def test_a_receipts_switch_written_as_a_toml_number_is_fixed_as_toml_writes_a_path(
     pytester: pytest.Pytester,
 ) -> None:
