@@ -1638,6 +1638,37 @@ def test_an_answer_lists_at_most_max_near_misses_and_counts_them_all(
     assert [m["message_id"] for m in waited["near_misses"]] == ids[:-1]
 
 
+def test_a_waiting_answer_says_the_sink_refused_mail_for_its_address(
+    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+) -> None:
+    """Mail the sink refused for the mailbox's alias is stored nowhere: the agent waited,
+    told only "no message with a link yet", and polled its reads away, where wait_for's
+    timeout says what the sink refused. Each stage and reply code once, no address."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+    with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as client:
+        client.ehlo("app.example.test")
+        for _ in range(2):
+            client.mail("app@example.test")
+            code, _ = client.rcpt(f"{isolated_mailbox.alias}@mailbox.tst")  # a typo's domain
+            assert code == 550
+            client.rset()
+
+    waited = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
+    claimed = tools.call("claim_message", {"fixture_id": own, "selector": {}})
+
+    refused = (
+        "; the sink refused mail for this address 2 time(s) and stored none (RCPT 550 "
+        "5.7.1): the app was told so by the reply, and may not have said"
+    )
+    assert (waited["status"], waited["reason"]) == (
+        "waiting",
+        f"no message with a link yet{refused}",
+    )
+    assert (claimed["status"], claimed["reason"]) == ("waiting", f"no message matches yet{refused}")
+    assert "mailbox.tst" not in json.dumps([waited, claimed])
+
+
 @TAGGED
 def test_a_wait_for_mail_held_by_a_claim_says_whose_as_wait_for_does(
     isolated_mailbox: Mailbox, mailbox_store: Store, app: SignupApp

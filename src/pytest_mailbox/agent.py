@@ -92,7 +92,7 @@ from pytest_mailbox.message import (
     redact_url,
 )
 from pytest_mailbox.settings import argument
-from pytest_mailbox.store import REMOVED, Outcome, Store, existing_uri, owner_only
+from pytest_mailbox.store import REFUSED_MORE, REMOVED, Outcome, Store, existing_uri, owner_only
 from pytest_mailbox.vocabulary import Checkpoint, shown, utc
 
 __all__ = [
@@ -405,6 +405,9 @@ def _poll(tool: str, after_ms: int = POLL_AFTER_MS) -> NextAction:
 _STOP = NextAction(do="stop")
 _FIX = NextAction(do="fix_arguments")
 
+
+#: A reply's code, and its enhanced code if it has one (``452 4.5.3``, ``500``).
+_REPLY_CODE = re.compile(r"^\d{3}(?: \d\.\d{1,3}\.\d{1,3}(?=\s|$))?")
 
 #: The most near misses an answer lists (``reason`` counts them all): answers stay small.
 MAX_NEAR_MISSES = 10
@@ -1660,6 +1663,7 @@ class AgentTools:
             near = self._near_misses(Selector(tag=args.tag))
             if near:  # mail to another address of this mailbox: the tag, most likely
                 waiting += f"; {self._passed_over(near)}"
+            waiting += self._refused()
             # Mail its own claim holds is never offered again: polling only spends reads
             # (and, with them gone, says stop), where the claim path says ack_message.
             held = any(miss.reason == _OWN_CLAIM for miss in near)
@@ -1705,6 +1709,28 @@ class AgentTools:
             if reason is not None:
                 near.append(NearMiss(message_id=row.message_id, reason=reason))
         return near
+
+    def _refused(self) -> str:
+        """What a waiting answer adds when the sink refused mail for this mailbox's address
+        (a recipient past the cap, a domain it does not take, a message too big), as
+        wait_for's timeout lists it: that mail is stored nowhere, the app was told by the
+        reply and may not have said, and polling does not bring it. Each stage and reply
+        code once, never an address."""
+        store, mailbox_id = self.mailbox.store, self.mailbox.mailbox_id
+        details = [row["detail"] for row in store.events(mailbox_id) if row["status"] == "refused"]
+        if not details:
+            return ""
+        kinds = dict.fromkeys(
+            f"{detail.split(' ', 1)[0]} {found[0]}"
+            for detail in details
+            if (found := _REPLY_CODE.search(detail.partition(": ")[2]))
+        )
+        more = " or more" if details[-1].endswith(REFUSED_MORE) else ""
+        return (
+            f"; the sink refused mail for this address {len(details)}{more} time(s) and "
+            f"stored none ({', '.join(kinds)}): the app was told so by the reply, and may "
+            "not have said"
+        )
 
     @staticmethod
     def _passed_over(near: list[NearMiss]) -> str:
@@ -1855,6 +1881,7 @@ class AgentTools:
             if near:  # as wait_for's timeout lists them, each with its reason
                 reason = f"{reason}; {self._passed_over(near)}"
                 ids["near_misses"] = near[:MAX_NEAR_MISSES]
+            reason += self._refused()
         return self._reply(
             status if status in _REFUSALS else Status.PROVIDER_ERROR, then, reason, **ids
         )
