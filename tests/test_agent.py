@@ -61,7 +61,7 @@ from pytest_mailbox.mcp_server import TOOL_CALL_ID_META
 from pytest_mailbox.mcp_server import main as mcp_main
 from pytest_mailbox.mcp_server import serve as mcp_serve
 from pytest_mailbox.sink import MailSink, SmtpEndpoint
-from pytest_mailbox.store import Store
+from pytest_mailbox.store import REFUSED_STEPS, Store
 
 APP = "app.example.test"
 DOMAIN = "mailbox.test"
@@ -1667,6 +1667,39 @@ def test_a_waiting_answer_says_the_sink_refused_mail_for_its_address(
     )
     assert (claimed["status"], claimed["reason"]) == ("waiting", f"no message matches yet{refused}")
     assert "mailbox.tst" not in json.dumps([waited, claimed])
+
+
+def test_a_waiting_answer_leaves_out_refusals_from_before_the_checkpoint(
+    isolated_mailbox: Mailbox, mailbox_server: SmtpEndpoint
+) -> None:
+    """After request_resend (a checkpoint), the agent waits on the resend: a refusal it was
+    told of before is not said again, as a near miss from before is not, or it would hear
+    "the sink refused mail" for mail that was stored; one after it is. Once the cap is
+    reached, later refusals go unrecorded: they are said all the same."""
+    tools = isolated_mailbox.agent_tools()
+    own = isolated_mailbox.mailbox_id
+
+    def refuse(times: int) -> None:
+        with smtplib.SMTP(mailbox_server.host, mailbox_server.port) as client:
+            client.ehlo("app.example.test")
+            for _ in range(times):
+                client.mail("app@example.test")
+                assert client.rcpt(f"{isolated_mailbox.alias}@mailbox.tst")[0] == 550
+                client.rset()
+
+    def waiting() -> str:
+        answer = tools.call("wait_for_message", {"fixture_id": own, "kind": "link", "timeout": 0})
+        assert answer["status"] == "waiting"
+        return str(answer["reason"])
+
+    refuse(2)
+    isolated_mailbox.checkpoint()
+    assert waiting() == "no message with a link yet"
+    refuse(1)
+    assert "the sink refused mail for this address 1 time(s) " in waiting()
+    refuse(REFUSED_STEPS - 3)
+    isolated_mailbox.checkpoint()
+    assert f"this address {REFUSED_STEPS} or more time(s) " in waiting()
 
 
 @TAGGED

@@ -1715,9 +1715,16 @@ class AgentTools:
         (a recipient past the cap, a domain it does not take, a message too big), as
         wait_for's timeout lists it: that mail is stored nowhere, the app was told by the
         reply and may not have said, and polling does not bring it. Each stage and reply
-        code once, never an address."""
+        code once, never an address. Not a refusal from before the checkpoint (a
+        ``request_resend`` sets one), as near misses: the agent was told of it then, and a
+        resend that was stored or refused again is what it waits on now; unless the cap was
+        reached, after which later refusals go unrecorded."""
         store, mailbox_id = self.mailbox.store, self.mailbox.mailbox_id
-        details = [row["detail"] for row in store.events(mailbox_id) if row["status"] == "refused"]
+        rows = [row for row in store.events(mailbox_id) if row["status"] == "refused"]
+        since = self.mailbox._since
+        if since is not None and not (rows and rows[-1]["detail"].endswith(REFUSED_MORE)):
+            rows = [row for row in rows if row["at"] >= since.at]
+        details = [str(row["detail"]) for row in rows]
         if not details:
             return ""
         kinds = dict.fromkeys(
