@@ -1719,8 +1719,7 @@ class AgentTools:
         ``request_resend`` sets one), as near misses: the agent was told of it then, and a
         resend that was stored or refused again is what it waits on now; unless the cap was
         reached, after which later refusals go unrecorded."""
-        store, mailbox_id = self.mailbox.store, self.mailbox.mailbox_id
-        rows = [row for row in store.events(mailbox_id) if row["status"] == "refused"]
+        rows = self.mailbox.store.refused(self.mailbox.mailbox_id)
         since = self.mailbox._since
         if since is not None and not (rows and rows[-1]["detail"].endswith(REFUSED_MORE)):
             rows = [row for row in rows if row["at"] >= since.at]

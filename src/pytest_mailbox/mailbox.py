@@ -989,7 +989,7 @@ class Mailbox:
             )
         ]
         near = misses + unrouted + earlier
-        refused = [row for row in self.store.events(self.mailbox_id) if row["status"] == "refused"]
+        refused = self.store.refused(self.mailbox_id)
         late = self._late_mail()
         if not near and not refused and not late:
             lines.append(

@@ -177,6 +177,10 @@ CREATE TABLE IF NOT EXISTS keys (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 _MAILBOX_SQL = "SELECT * FROM mailboxes WHERE mailbox_id = ?"
 _MESSAGES_SQL = "SELECT * FROM messages WHERE mailbox_id = ? ORDER BY seq"
 _EVENTS_SQL = "SELECT at, status, detail FROM events WHERE mailbox_id = ? ORDER BY event_id"
+_REFUSED_SQL = (
+    "SELECT at, status, detail FROM events INDEXED BY events_refused"
+    " WHERE mailbox_id = ? AND status = 'refused' ORDER BY event_id"
+)
 _SECRETS_SQL = "SELECT * FROM secrets WHERE mailbox_id = ?"
 #: A consumed step's end when the passing test's close acked the claim it still held.
 _AT_CLOSE = ", acked at close as a success, not by ack()"
@@ -1225,6 +1229,13 @@ class Store:
     @_reads
     def events(self, mailbox_id: str) -> list[sqlite3.Row]:
         return self._conn().execute(_EVENTS_SQL, (mailbox_id,)).fetchall()
+
+    @_reads
+    def refused(self, mailbox_id: str) -> list[sqlite3.Row]:
+        """The mailbox's ``refused`` steps (at most ``REFUSED_STEPS``), oldest first, read
+        through their own index: not the whole timeline, which a wait's timeout and each of
+        an agent's waiting answers read for them."""
+        return self._conn().execute(_REFUSED_SQL, (mailbox_id,)).fetchall()
 
     @_reads
     def history(self, mailbox_id: str) -> History:
