@@ -92,6 +92,15 @@ def test_interrupted(isolated_mailbox, send):
 """
 
 
+#: The two ways a run is stopped from inside a test: Ctrl-C, and pytest.exit() with a code
+#: of its own (the run's exit status, 7, tells them apart).
+STOPPED_WITH_ITS_CODE = pytest.mark.parametrize(
+    "stop",
+    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
+    ids=["ctrl-c", "pytest-exit"],
+)
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 @pytest.mark.parametrize(
     "stop",
@@ -116,11 +125,7 @@ def test_a_test_cut_short_gives_back_what_it_claimed(
     result.stdout.no_fnmatch_line("*mailbox:*1 consumed*")
 
 
-@pytest.mark.parametrize(
-    "stop",
-    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
-    ids=["ctrl-c", "pytest-exit"],
-)
+@STOPPED_WITH_ITS_CODE
 def test_a_test_cut_short_leaves_its_receipt_in_the_receipts_file(
     pytester: pytest.Pytester, stop: str
 ) -> None:
@@ -175,11 +180,7 @@ def test_interrupted_in_setup(signed_up):
 """
 
 
-@pytest.mark.parametrize(
-    "stop",
-    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
-    ids=["ctrl-c", "pytest-exit"],
-)
+@STOPPED_WITH_ITS_CODE
 def test_a_test_cut_short_in_its_setup_leaves_its_receipt_beside_a_plugin_that_saw_no_setup(
     pytester: pytest.Pytester, stop: str
 ) -> None:
@@ -260,11 +261,7 @@ def test_stopped_in_teardown(isolated_mailbox, stopped_in_teardown, send):
 """
 
 
-@pytest.mark.parametrize(
-    "stop",
-    ["raise KeyboardInterrupt", 'pytest.exit("the operator stopped the run", returncode=7)'],
-    ids=["ctrl-c", "pytest-exit"],
-)
+@STOPPED_WITH_ITS_CODE
 def test_a_test_stopped_in_its_teardown_leaves_its_receipt_as_no_success(
     pytester: pytest.Pytester, stop: str
 ) -> None:
